@@ -1,0 +1,1 @@
+"""Analyses and figures that work on any zoo model."""

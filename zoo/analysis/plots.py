@@ -1,0 +1,64 @@
+"""Figures for model cards: loss curves and weight matrices (matplotlib, headless)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+
+def loss_curve(history: list[dict], path: Path, *, gd_loss: float | None = None, title: str = "") -> Path:
+    steps = [h["step"] for h in history]
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
+    ax.plot(steps, [h["train_loss"] for h in history], label="train (fresh tasks)")
+    if any("val_loss" in h for h in history):
+        ax.plot([h["step"] for h in history if "val_loss" in h], [h["val_loss"] for h in history if "val_loss" in h],
+                label="validation (frozen split)")
+    if gd_loss is not None:
+        ax.axhline(gd_loss, color="k", ls="--", lw=1, label=f"one GD step, η* ({gd_loss:.4g})")
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss  (½·MSE)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def weight_matrices(matrices: dict[str, torch.Tensor], path: Path, *, title: str = "") -> Path:
+    """One heat-map per named matrix, shared symmetric colour scale per panel."""
+    n = len(matrices)
+    cols = min(n, 4)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols, 2.6 * rows), dpi=120, squeeze=False)
+    for ax, (name, m) in zip(axes.flat, matrices.items()):
+        m = m.detach().double().cpu()
+        lim = float(m.abs().max()) or 1.0
+        im = ax.imshow(m.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim)
+        ax.set_title(name, fontsize=8)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def lsa_matrices(model) -> dict[str, torch.Tensor]:
+    """The products that identify θ_GD up to symmetry (von Oswald et al. Fig. 2): W_KᵀW_Q and W_P W_V."""
+    out = {}
+    for i, layer in enumerate(model.layers):
+        out[f"layer {i}: W_Kᵀ W_Q"] = layer.w_k.T @ layer.w_q
+        out[f"layer {i}: W_P W_V"] = layer.w_p @ layer.w_v
+    return out

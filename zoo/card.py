@@ -1,0 +1,104 @@
+"""Model cards: huggingface_hub ModelCard/ModelCardData/EvalResult rendered from model_cards/."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+from zoo.analysis import plots
+
+REPO_URL = "https://github.com/icl-zoo/icl-zoo"
+METRIC_NAMES = {
+    "test_loss": "Test loss (½·MSE)",
+    "pred_l2_to_gd": "L2 prediction gap to θ_GD",
+    "sensitivity_l2_to_gd": "L2 sensitivity gap to θ_GD",
+    "sensitivity_cosine": "Sensitivity cosine to θ_GD",
+}
+
+
+def templates_dir() -> Path:
+    here = Path(__file__).parent
+    for candidate in (here / "_model_cards", here.parent / "model_cards"):  # wheel, then source tree
+        if (candidate / "card.md.j2").exists():
+            return candidate
+    raise FileNotFoundError("model card templates not found (model_cards/card.md.j2)")
+
+
+def family(entry) -> dict:
+    table = tomllib.loads((templates_dir() / "families.toml").read_text())
+    return table.get(Path(entry.file).stem, {"prose": "", "citation": ""})
+
+
+def card_data(ckpt, dataset_repo: str | None = None, dataset_revision: str | None = None) -> ModelCardData:
+    entry, m = ckpt.entry, ckpt.metrics
+    dataset = dataset_repo or f"icl-zoo/{entry.task}"
+    results = [
+        EvalResult(
+            task_type="in-context-regression",
+            task_name="In-context linear regression",
+            dataset_type=dataset,
+            dataset_name=entry.task,
+            dataset_split="test",
+            dataset_revision=dataset_revision,
+            metric_type=key,
+            metric_name=label,
+            metric_value=float(m[key]),
+        )
+        for key, label in METRIC_NAMES.items()
+        if key in m
+    ]
+    return ModelCardData(
+        library_name="icl-zoo",
+        license="apache-2.0",
+        tags=["in-context-learning", "icl-zoo", entry.arch.type, entry.source.kind, entry.task],
+        datasets=[dataset],
+        model_name=entry.name,
+        eval_results=results or None,
+    )
+
+
+def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
+                           dataset_repo: str | None = None, dataset_revision: str | None = None) -> Path:
+    folder = Path(folder)
+    entry, m = ckpt.entry, ckpt.metrics
+    figures = []
+    if ckpt.history:
+        plots.loss_curve(ckpt.history, folder / "loss_curve.png", gd_loss=m.get("gd_loss"), title=entry.name)
+        figures.append({"file": "loss_curve.png", "alt": "training and validation loss vs steps, with the one-step-GD loss"})
+    if entry.arch.type == "lsa":
+        plots.weight_matrices(plots.lsa_matrices(ckpt.model), folder / "weights.png", title=f"{entry.name}: weight products")
+        figures.append({"file": "weights.png", "alt": "W_K^T W_Q and W_P W_V of every layer"})
+
+    src = entry.source
+    if src.kind == "constructed":
+        extra = ", ".join(f"{k} = {v:.6g}" if isinstance(v, float) else f"{k} = {v}" for k, v in (ckpt.construction or {}).items())
+        source_summary = f"constructed (`{src.construction}`; {extra})"
+    else:
+        p = ckpt.provenance
+        source_summary = (f"trained for {p.get('steps')} steps on {p.get('device')} (seed {p.get('seed')}): AdamW lr {src.lr:g}"
+                          f" ({src.schedule}), batch {src.batch_size}, weight decay {src.weight_decay:g}; fresh tasks every step")
+    a = entry.arch
+    arch_summary = f"`{a.type}` — " + ", ".join(f"{k}={v}" for k, v in a.model_dump().items() if k != "type")
+    expected = entry.expected.get("test_loss")
+    fam = family(entry)
+    card = ModelCard.from_template(
+        card_data(ckpt, dataset_repo, dataset_revision),
+        template_path=str(templates_dir() / "card.md.j2"),
+        entry=entry,
+        task=ckpt.task_spec,
+        metrics=m,
+        provenance=ckpt.provenance,
+        figures=figures,
+        arch_summary=arch_summary,
+        source_summary=source_summary,
+        expected_loss=f"{expected.value:g}" if expected else "",
+        family_prose=fam["prose"].strip(),
+        citation=fam["citation"].strip(),
+        repo_id=repo_id or f"icl-zoo/{entry.name}",
+        repo_url=REPO_URL,
+        streaming=(folder / "model_step.onnx").exists(),
+    )
+    card.save(folder / "README.md")
+    return folder / "README.md"

@@ -1,0 +1,202 @@
+"""A checkpoint is a Hub repo folder:
+
+    config.json          entry, task, construction, provenance, file hashes, parameter shapes
+    model.safetensors    weights (never pickle)
+    eval_results.json    metrics on the frozen test split
+    README.md            model card (model_cards/ templates)
+    *.png                loss curve, weight matrices
+    model_step.onnx, model.onnx   streaming / whole-sequence graphs (when `export` is available)
+
+`Checkpoint` is a huggingface_hub `ModelHubMixin`, so `save_pretrained` / `from_pretrained` /
+`push_to_hub` work as for any Hub library. Loading verifies every recorded SHA-256, rebuilds
+the model from the embedded entry and loads the weights with strict key and shape checks.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from huggingface_hub import ModelHubMixin
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+import zoo
+from zoo.models import create_model
+from zoo.registry import Entry, TaskSpec
+
+FORMAT = "icl-zoo-checkpoint/1"
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+EVAL_RESULTS = "eval_results.json"
+HASHED_SUFFIXES = (".safetensors", ".onnx")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder is incomplete, tampered with, or does not match its architecture."""
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
+        )
+        return out.stdout.strip() if out.returncode == 0 else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+@dataclass
+class Checkpoint(
+    ModelHubMixin,
+    library_name="icl-zoo",
+    tags=["in-context-learning", "icl-zoo"],
+    repo_url="https://github.com/icl-zoo/icl-zoo",
+):
+    model: torch.nn.Module
+    entry: Entry
+    task_spec: TaskSpec
+    provenance: dict = field(default_factory=dict)  # versions, commit, seed, steps, dataset hashes
+    construction: dict | None = None  # hyper-parameters of a constructed model (e.g. η)
+    metrics: dict = field(default_factory=dict)  # eval_results.json
+    history: list = field(default_factory=list)  # training curve: [{"step", "train_loss", "val_loss"}]
+
+    @property
+    def task(self):
+        return self.task_spec.build()
+
+    # ------------------------------------------------------------- save
+    def _save_pretrained(self, save_directory: Path) -> None:
+        from zoo.card import write_card_and_figures
+
+        save_directory = Path(save_directory)
+        state = {k: v.detach().to("cpu").contiguous() for k, v in self.model.state_dict().items()}
+        save_file(state, str(save_directory / WEIGHTS), metadata={"format": "pt", "entry": self.entry.name})
+        try:
+            from export import export_checkpoint_graphs
+        except ImportError:  # export is part of the distribution; tolerate a partial install
+            export_checkpoint_graphs = None
+        if export_checkpoint_graphs is not None and getattr(self.model, "recurrent", False):
+            export_checkpoint_graphs(self, save_directory)
+        (save_directory / EVAL_RESULTS).write_text(json.dumps(self.metrics, indent=2, sort_keys=True))
+        if self.history:
+            (save_directory / "training_history.json").write_text(json.dumps(self.history))
+        files = {
+            p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+            for p in sorted(save_directory.iterdir())
+            if p.suffix in HASHED_SUFFIXES
+        }
+        config = {
+            "format": FORMAT,
+            "entry": self.entry.model_dump(mode="json"),
+            "task": self.task_spec.model_dump(mode="json"),
+            "construction": self.construction,
+            "provenance": self.provenance,
+            "parameters": {k: list(v.shape) for k, v in state.items()},
+            "files": files,
+        }
+        (save_directory / CONFIG).write_text(json.dumps(config, indent=2))
+        write_card_and_figures(self, save_directory)
+
+    # ------------------------------------------------------------- load
+    @classmethod
+    def _from_pretrained(cls, *, model_id: str, revision=None, cache_dir=None, force_download=False,
+                         local_files_only=False, token=None, **_config_fields) -> "Checkpoint":
+        folder = Path(model_id)
+        if not folder.is_dir():
+            from zoo.hub import resolve_folder
+
+            folder = resolve_folder(model_id, revision=revision, cache_dir=cache_dir, token=token)
+        return read_checkpoint(folder)
+
+
+def read_checkpoint(folder: Path, map_location: str | torch.device = "cpu") -> Checkpoint:
+    folder = Path(folder)
+    config_path = folder / CONFIG
+    if not config_path.exists():
+        raise CheckpointError(f"{folder}: no {CONFIG}; not an icl-zoo checkpoint")
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{config_path}: not valid JSON ({e})") from None
+    if config.get("format") != FORMAT:
+        raise CheckpointError(f"{config_path}: format {config.get('format')!r}, expected {FORMAT!r}")
+
+    for name, info in config.get("files", {}).items():
+        path = folder / name
+        if not path.exists():
+            raise CheckpointError(f"{folder}: file {name} is listed in {CONFIG} but missing")
+        got = sha256_file(path)
+        if got != info["sha256"]:
+            raise CheckpointError(
+                f"{folder}: {name} has SHA-256 {got}, but {CONFIG} records {info['sha256']}; "
+                "the file was modified or corrupted — refusing to load it"
+            )
+    if WEIGHTS not in config.get("files", {}):
+        raise CheckpointError(f"{folder}: {CONFIG} records no hash for {WEIGHTS}")
+
+    from pydantic import ValidationError
+
+    try:
+        entry = Entry.model_validate(config["entry"])
+        task_spec = TaskSpec.model_validate(config["task"])
+    except (ValidationError, KeyError) as e:
+        raise CheckpointError(f"{config_path}: entry/task not understood by icl-zoo {zoo.__version__}:\n{e}") from None
+
+    model = create_model(entry.arch, task_spec.build())
+    load_weights_strict(model, folder / WEIGHTS)
+    metrics_path = folder / EVAL_RESULTS
+    history_path = folder / "training_history.json"
+    return Checkpoint(
+        model=model.to(map_location).eval(),
+        entry=entry,
+        task_spec=task_spec,
+        provenance=config.get("provenance", {}),
+        construction=config.get("construction"),
+        metrics=json.loads(metrics_path.read_text()) if metrics_path.exists() else {},
+        history=json.loads(history_path.read_text()) if history_path.exists() else [],
+    )
+
+
+def load_weights_strict(model: torch.nn.Module, path: Path) -> None:
+    """Load safetensors into `model`; any missing, unexpected or mis-shaped tensor is an error."""
+    expected = model.state_dict()
+    with safe_open(str(path), framework="pt") as f:
+        keys = set(f.keys())
+        problems = [f"missing tensor {k}" for k in sorted(set(expected) - keys)]
+        problems += [f"unexpected tensor {k}" for k in sorted(keys - set(expected))]
+        tensors = {}
+        for k in sorted(keys & set(expected)):
+            t = f.get_tensor(k)
+            if tuple(t.shape) != tuple(expected[k].shape):
+                problems.append(f"tensor {k} has shape {tuple(t.shape)}, the architecture needs {tuple(expected[k].shape)}")
+            tensors[k] = t
+    if problems:
+        raise CheckpointError(f"{path}: weights do not match the architecture:\n  " + "\n  ".join(problems))
+    model.load_state_dict(tensors, strict=True)
+
+
+def provenance(seed: int | None, steps: int | None, device: str, dataset_hashes: dict) -> dict:
+    return {
+        "zoo_version": zoo.__version__,
+        "git_commit": git_commit(),
+        "torch_version": torch.__version__,
+        "seed": seed,
+        "steps": steps,
+        "device": device,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "dataset_hashes": dataset_hashes,
+    }

@@ -1,0 +1,126 @@
+"""Linear self-attention (von Oswald et al. 2023; the ICLR 2024 blogpost; Zucchet et al. Eq. 1).
+
+One layer, single head, no softmax, no normalisation, residual:
+
+    k_s = W_K e_s,  q_t = W_Q e_t,  v_s = W_V e_s
+    e_t ← e_t + λ · W_P Σ_{s ∈ S(t)} v_s (k_sᵀ q_t)                                  (1)
+
+with λ = 1 except in the looped model (one layer applied K times, dampening λ).
+The key set S(t) is the `attention` mode:
+    "causal"         S(t) = {s ≤ t}       Zucchet et al.'s LSA (the one gated RNNs implement)
+    "strict_causal"  S(t) = {s < t}       von Oswald et al. for one layer: the query is never a key
+    "context"        S(t) = {s < T−1}     von Oswald et al.: every token sees all context tokens,
+                                          the query (last token) is never a key; needed for
+                                          multi-layer LSA = multi-step GD; not a recurrence.
+
+Recurrent form (the two causal modes): with S_t = Σ_{s∈S(t)} v_s k_sᵀ ∈ R^{d×d},
+    causal:         S_t = S_{t−1} + v_t k_tᵀ ;  out_t = e_t + W_P S_t q_t
+    strict_causal:  out_t = e_t + W_P S_{t−1} q_t ;  S_t = S_{t−1} + v_t k_tᵀ
+so memory is one d×d matrix per layer, whatever the stream length.
+
+Glossary: d = d_x + d_y (token width); W_Q, W_K, W_V, W_P are `w_q, w_k, w_v, w_p`;
+λ is `damping`; K is `loops`; e are `tokens`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from zoo.models.base import NotRecurrentError, ZooModel
+from zoo.tasks.regression import Readout
+
+ATTENTION_MODES = ("causal", "strict_causal", "context")
+
+
+class LSALayer(nn.Module):
+    def __init__(self, d: int, init_std: float):
+        super().__init__()
+        self.w_q = nn.Parameter(torch.randn(d, d) * init_std)
+        self.w_k = nn.Parameter(torch.randn(d, d) * init_std)
+        self.w_v = nn.Parameter(torch.randn(d, d) * init_std)
+        self.w_p = nn.Parameter(torch.randn(d, d) * init_std)
+
+    def attend(self, e: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """W_P Σ_s v_s k_sᵀ q_t for every t, keys restricted by `mask` (T, T)."""
+        q, k, v = e @ self.w_q.T, e @ self.w_k.T, e @ self.w_v.T  # (B, T, d)
+        scores = (q @ k.transpose(1, 2)) * mask  # (B, T, T): [t, s] = k_sᵀ q_t
+        return (scores @ v) @ self.w_p.T  # (B, T, d)
+
+    def step(self, e: torch.Tensor, kv: torch.Tensor, strict: bool):
+        """One token e (B, d) with state kv = Σ v kᵀ (B, d, d)."""
+        q, k, v = e @ self.w_q.T, e @ self.w_k.T, e @ self.w_v.T  # (B, d)
+        new_kv = kv + v.unsqueeze(2) * k.unsqueeze(1)
+        read = kv if strict else new_kv
+        return (read @ q.unsqueeze(2)).squeeze(2) @ self.w_p.T, new_kv
+
+
+class LinearSelfAttention(ZooModel):
+    def __init__(
+        self,
+        d: int,
+        readout: Readout,
+        n_layers: int = 1,
+        attention: str = "strict_causal",
+        loops: int = 1,
+        damping: float = 1.0,
+        init_std: float = 0.02,
+    ):
+        super().__init__(d_in=d, d_out=d, readout=readout)
+        if attention not in ATTENTION_MODES:
+            raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
+        self.attention = attention
+        self.loops = loops
+        self.damping = damping
+        self.recurrent = attention != "context"
+        self.layers = nn.ModuleList(LSALayer(d, init_std) for _ in range(n_layers))
+
+    def _mask(self, T: int, like: torch.Tensor) -> torch.Tensor:
+        s = torch.arange(T, device=like.device)
+        t = s.unsqueeze(1)
+        if self.attention == "causal":
+            keep = s <= t
+        elif self.attention == "strict_causal":
+            keep = s < t
+        else:
+            keep = (s < T - 1).expand(T, T)
+        return keep.to(like.dtype)
+
+    def _applied_layers(self):
+        """The layer sequence in application order (looped: the same layers K times)."""
+        for _ in range(self.loops):
+            yield from self.layers
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        e = tokens  # (B, T, d)
+        mask = self._mask(e.shape[1], e)
+        for layer in self._applied_layers():
+            e = e + self.damping * layer.attend(e, mask)
+        return e
+
+    # ---------------------------------------------------------------- recurrence
+    def state_names(self) -> list[str]:
+        self._require_recurrent()
+        return [f"{i}.kv" for i in range(len(self.layers) * self.loops)]
+
+    def init_state(self, batch: int) -> tuple[torch.Tensor, ...]:
+        self._require_recurrent()
+        p = self._param_like()
+        return tuple(p.new_zeros(batch, self.d_in, self.d_in) for _ in range(len(self.layers) * self.loops))
+
+    def step(self, token: torch.Tensor, state: tuple[torch.Tensor, ...]):
+        self._require_recurrent()
+        strict = self.attention == "strict_causal"
+        e, new_state = token, []
+        for layer, kv in zip(self._applied_layers(), state):
+            delta, kv = layer.step(e, kv, strict)
+            e = e + self.damping * delta
+            new_state.append(kv)
+        return e, tuple(new_state)
+
+    def _require_recurrent(self) -> None:
+        if not self.recurrent:
+            raise NotRecurrentError(
+                "attention='context' lets every token see all context tokens, including later ones; "
+                "it has no causal recurrence. Use 'strict_causal' (same query prediction for one layer)."
+            )

@@ -1,0 +1,215 @@
+"""The declarative zoo: TOML entries under `zoo/entries/`, validated with pydantic.
+
+Each file declares `[tasks.<name>]` (a task with its frozen splits) and `[models.<name>]`
+(an architecture on a task, trained or constructed, with the paper result it reproduces).
+Every error names the file, the entry and the field.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ENTRIES_DIR = Path(__file__).parent / "entries"
+KEBAB = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+
+
+class RegistryError(ValueError):
+    """An entry file, entry or field is invalid, or a name is unknown."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ---------------------------------------------------------------------------- tasks
+class SplitSpec(Strict):
+    seed: int  # generator seed of this frozen split
+    n: int = Field(10_000, gt=0)  # number of tasks
+    w_std: float | None = Field(None, gt=0)  # overrides the task's w_std (Zucchet's shifted validation)
+    sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")  # content hash the split must have
+
+
+class LinearRegressionSpec(Strict):
+    kind: Literal["linear_regression"]
+    description: str = ""
+    paper: str = ""  # which paper's setting this is
+    d_x: int = Field(gt=0)  # input dimension (D)
+    d_y: int = Field(1, gt=0)  # output dimension
+    n_context: int = Field(gt=0)  # context examples before the query (C, or Zucchet's T)
+    x_dist: Literal["uniform", "normal"] = "uniform"
+    x_scale: float = Field(1.0, gt=0)  # U(−a, a) half-width, or the normal's std
+    w_std: float = Field(1.0, gt=0)  # W ~ N(0, w_std²) for training and the test split
+    splits: dict[Literal["validation", "test"], SplitSpec]
+
+    def build(self):
+        from zoo.tasks.regression import LinearRegressionTask
+
+        return LinearRegressionTask(
+            d_x=self.d_x, d_y=self.d_y, n_context=self.n_context,
+            x_scale=self.x_scale, w_std=self.w_std, x_dist=self.x_dist,
+        )
+
+
+TaskSpec = LinearRegressionSpec
+
+
+# ---------------------------------------------------------------------------- architectures
+class LSAArch(Strict):
+    type: Literal["lsa"]
+    n_layers: int = Field(1, ge=1)  # distinct LSA layers
+    attention: Literal["causal", "strict_causal", "context"] = "strict_causal"  # key set, see models/lsa.py
+    loops: int = Field(1, ge=1)  # apply the layer stack K times (looped LSA)
+    damping: float = Field(1.0, ge=0)  # λ scaling every update (looped LSA needs ≈0.7–0.75)
+    init_std: float = Field(0.02, gt=0)  # N(0, init_std²) for every weight
+
+
+Arch = Annotated[Union[LSAArch], Field(discriminator="type")]
+
+
+# ---------------------------------------------------------------------------- sources
+class TrainRecipe(Strict):
+    kind: Literal["trained"]
+    optimizer: Literal["adamw"] = "adamw"
+    lr: float = Field(1e-3, gt=0)  # peak learning rate
+    final_lr: float = Field(0.0, ge=0)  # end of the cosine decay
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(0.0, ge=0)
+    schedule: Literal["cosine", "constant"] = "cosine"
+    warmup_steps: int = Field(0, ge=0)
+    steps: int = Field(gt=0)
+    batch_size: int = Field(gt=0)
+    grad_clip: float | None = Field(None, gt=0)  # global-norm clip
+    seed: int = 0
+    eval_every: int = Field(500, gt=0)  # validation on the frozen split every N steps
+    checkpoint_every: int = Field(1000, gt=0)  # resumable training state every N steps
+
+
+class Construction(Strict):
+    kind: Literal["constructed"]
+    construction: Literal["gd"]  # θ_GD (constructions/gd.py)
+    eta: float | Literal["analytic", "line_search"] = "analytic"  # GD rate (sum convention); "analytic": Zucchet C.2 (1 step); "line_search": best on the validation split for this many steps
+
+
+Source = Annotated[Union[TrainRecipe, Construction], Field(discriminator="kind")]
+
+
+class Expected(Strict):
+    value: float  # the paper's number
+    rel_tol: float = Field(0.02, ge=0)  # accepted relative deviation
+    note: str = ""
+
+
+class Entry(Strict):
+    name: str
+    file: str
+    description: str = ""
+    paper: str  # seed paper and table/figure reproduced
+    task: str  # name of a [tasks.*] entry
+    arch: Arch
+    source: Source
+    expected: dict[str, Expected] = {}  # metric name → paper value; shown on the model card
+
+    @field_validator("name")
+    @classmethod
+    def _kebab(cls, v: str) -> str:
+        if not KEBAB.match(v):
+            raise ValueError(f"name {v!r} must be kebab-case (lowercase letters, digits, '-')")
+        return v
+
+
+class Registry:
+    def __init__(self, tasks: dict[str, TaskSpec], entries: dict[str, Entry]):
+        self.tasks = tasks
+        self.entries = entries
+
+    def entry(self, name: str) -> Entry:
+        if name not in self.entries:
+            near = [n for n in self.entries if name.split("-")[0] in n][:5]
+            hint = f"; similar: {', '.join(near)}" if near else ""
+            raise RegistryError(f"unknown entry {name!r} (see `zoo list`){hint}")
+        return self.entries[name]
+
+    def task(self, name: str) -> TaskSpec:
+        if name not in self.tasks:
+            raise RegistryError(f"unknown task {name!r}; known: {', '.join(sorted(self.tasks))}")
+        return self.tasks[name]
+
+
+def _format_errors(file: Path, kind: str, name: str, err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "(entry)"
+        lines.append(f"{file.name}: {kind} '{name}': field '{field}': {e['msg']}")
+    return "\n".join(lines)
+
+
+def load_registry(directory: Path = ENTRIES_DIR) -> Registry:
+    tasks: dict[str, TaskSpec] = {}
+    entries: dict[str, Entry] = {}
+    errors: list[str] = []
+    for file in sorted(Path(directory).glob("*.toml")):
+        try:
+            doc = tomllib.loads(file.read_text())
+        except tomllib.TOMLDecodeError as e:
+            errors.append(f"{file.name}: not valid TOML: {e}")
+            continue
+        unknown = set(doc) - {"tasks", "models"}
+        if unknown:
+            errors.append(f"{file.name}: unknown top-level table(s) {sorted(unknown)}; expected [tasks.*] and [models.*]")
+        for name, raw in doc.get("tasks", {}).items():
+            if name in tasks:
+                errors.append(f"{file.name}: task '{name}': duplicate name")
+                continue
+            try:
+                tasks[name] = TaskSpec.model_validate(raw)
+            except ValidationError as e:
+                errors.append(_format_errors(file, "task", name, e))
+        for name, raw in doc.get("models", {}).items():
+            if name in entries:
+                errors.append(f"{file.name}: entry '{name}': duplicate name (also in {entries[name].file})")
+                continue
+            try:
+                entries[name] = Entry.model_validate({**raw, "name": name, "file": file.name})
+            except ValidationError as e:
+                errors.append(_format_errors(file, "entry", name, e))
+    for entry in entries.values():
+        if entry.task not in tasks:
+            errors.append(f"{entry.file}: entry '{entry.name}': field 'task': unknown task {entry.task!r}")
+    if errors:
+        raise RegistryError("invalid zoo registry:\n" + "\n".join(errors))
+    return Registry(tasks, entries)
+
+
+@functools.lru_cache(maxsize=1)
+def default_registry() -> Registry:
+    return load_registry()
+
+
+def list_entries(filter: str | None = None, **fields) -> list[Entry]:
+    """Entries whose name contains `filter` and whose fields match, e.g. arch_type="lsa", source="trained"."""
+    out = []
+    for e in default_registry().entries.values():
+        if filter and filter not in e.name:
+            continue
+        if "arch_type" in fields and e.arch.type != fields["arch_type"]:
+            continue
+        if "source" in fields and e.source.kind != fields["source"]:
+            continue
+        if "task" in fields and e.task != fields["task"]:
+            continue
+        out.append(e)
+    return sorted(out, key=lambda e: e.name)
+
+
+def get_entry(name: str) -> Entry:
+    return default_registry().entry(name)
+
+
+def get_task_spec(name: str) -> TaskSpec:
+    return default_registry().task(name)

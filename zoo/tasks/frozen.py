@@ -1,0 +1,131 @@
+"""Frozen task datasets: N tasks from a seed, saved as parquet through `datasets`, content-hashed.
+
+The identity of a split is SHA-256 over its canonical arrays, not `datasets`' fingerprint
+(which hashes the transform history, not the data):
+
+    sha256( b"icl-zoo/frozen/v1" ‖ for a in (x, y): shape as little-endian int64s ‖ a as
+            C-contiguous little-endian float32 bytes )
+
+Loading recomputes the hash and refuses a mismatch, so a tampered or regenerated-differently
+split can never be scored silently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from zoo.tasks.regression import LinearRegressionTask, TaskBatch
+
+HASH_DOMAIN = b"icl-zoo/frozen/v1"
+
+
+class DatasetHashMismatch(ValueError):
+    """A frozen split's content hash is not the one the registry (or the caller) expects."""
+
+
+def content_hash(x: np.ndarray, y: np.ndarray) -> str:
+    h = hashlib.sha256(HASH_DOMAIN)
+    for a in (x, y):
+        a = np.ascontiguousarray(a, dtype="<f4")
+        h.update(np.asarray(a.shape, dtype="<i8").tobytes())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("ICL_ZOO_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "icl-zoo"
+    return Path(root)
+
+
+@dataclass
+class FrozenSplit:
+    name: str  # "<task>/<split>"
+    x: np.ndarray  # (N, C+1, d_x) float32
+    y: np.ndarray  # (N, C+1, d_y) float32
+    sha256: str
+
+    def batch(self, task: LinearRegressionTask, dtype=torch.float32, device="cpu") -> TaskBatch:
+        x = torch.from_numpy(self.x).to(device=device, dtype=dtype)
+        y = torch.from_numpy(self.y).to(device=device, dtype=dtype)
+        return task.batch_from_arrays(x, y)
+
+
+def generate_split(task: LinearRegressionTask, seed: int, n: int, w_std: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    # Sampled on the CPU generator in float32: the same bytes on every machine and torch build we test.
+    b = task.sample(n, seed=seed, w_std=w_std)
+    return b.x.numpy().astype("<f4"), b.y.numpy().astype("<f4")
+
+
+def save_split(x: np.ndarray, y: np.ndarray, folder: Path) -> str:
+    """Write data.parquet (explicit Array2D features) and return the content hash."""
+    from datasets import Array2D, Dataset, Features
+
+    folder.mkdir(parents=True, exist_ok=True)
+    features = Features({
+        "x": Array2D(shape=x.shape[1:], dtype="float32"),
+        "y": Array2D(shape=y.shape[1:], dtype="float32"),
+    })
+    ds = Dataset.from_dict({"x": x, "y": y}, features=features)
+    ds.to_parquet(str(folder / "data.parquet"))
+    return content_hash(x, y)
+
+
+def read_parquet_arrays(path: Path | str) -> tuple[np.ndarray, np.ndarray]:
+    from datasets import Dataset
+
+    ds = Dataset.from_parquet(str(path), keep_in_memory=True).with_format("numpy")
+    return _arrays(ds)
+
+
+def _arrays(ds) -> tuple[np.ndarray, np.ndarray]:
+    ds = ds.with_format("numpy")
+    return np.asarray(ds["x"], dtype="<f4"), np.asarray(ds["y"], dtype="<f4")
+
+
+def verify(x: np.ndarray, y: np.ndarray, expected: str | None, name: str) -> str:
+    got = content_hash(x, y)
+    if expected is not None and got != expected:
+        raise DatasetHashMismatch(
+            f"frozen split {name}: content hash {got} does not match the expected {expected}; "
+            "the data was modified or generated differently — refusing to use it"
+        )
+    return got
+
+
+def load_split(task_name: str, split: str, *, rebuild: bool = False) -> FrozenSplit:
+    """The registry's frozen split, from the cache (built on first use), hash-verified."""
+    from zoo.registry import get_task_spec
+
+    spec = get_task_spec(task_name)
+    if split not in spec.splits:
+        raise KeyError(f"task {task_name!r} has no split {split!r}; it has {sorted(spec.splits)}")
+    s = spec.splits[split]
+    folder = cache_dir() / "datasets" / task_name / split
+    path = folder / "data.parquet"
+    name = f"{task_name}/{split}"
+    if rebuild or not path.exists():
+        x, y = generate_split(spec.build(), s.seed, s.n, s.w_std)
+        verify(x, y, s.sha256, name)  # refuse before writing anything that does not match the registry
+        save_split(x, y, folder)
+    x, y = read_parquet_arrays(path)
+    return FrozenSplit(name=name, x=x, y=y, sha256=verify(x, y, s.sha256, name))
+
+
+def load_split_from_hub(repo_id: str, *, split: str = "test", revision: str | None = None,
+                        expected_sha256: str | None = None, endpoint: str | None = None) -> FrozenSplit:
+    """A frozen split published as a Hub dataset repo, via `datasets.load_dataset`, hash-verified."""
+    import datasets
+
+    kwargs = {}
+    if endpoint is not None:
+        kwargs["download_config"] = datasets.DownloadConfig(endpoint=endpoint)  # type: ignore[call-arg]
+    ds = datasets.load_dataset(repo_id, split=split, revision=revision, **kwargs)
+    x, y = _arrays(ds)
+    name = f"{repo_id}@{revision or 'main'}/{split}"
+    return FrozenSplit(name=name, x=x, y=y, sha256=verify(x, y, expected_sha256, name))

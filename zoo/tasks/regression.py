@@ -1,0 +1,197 @@
+"""In-context linear regression, and the gradient-descent / least-squares baselines on it.
+
+A task draws a weight matrix W ∈ R^{d_y×d_x} per sequence, inputs x_1..x_{C+1} ∈ R^{d_x}
+and targets y_t = W x_t. The model sees C context tokens e_t = (x_t, y_t) and one query
+token (x_{C+1}, 0) and must predict y_{C+1} at the last position.
+
+Conventions (one for the whole zoo):
+    loss      = ½ · mean over tasks and output coordinates of (ŷ − y)²
+                (Zucchet et al.; von Oswald et al.'s 0.5·Σ(t−p)²/B for d_y = 1).
+    GD step   = one step from W=0 on the *summed* in-context loss ½ Σ_i ‖y_i − W x_i‖²
+                with learning rate η, so ŷ = η Σ_i y_i x_iᵀ x_q  (Zucchet App. C.2).
+                The blogpost's η_blog on the mean loss is η_blog = C · η.
+    read-out  = minus the y-channels of the last token (the θ_GD sign convention).
+
+Glossary (code → paper):
+    n_context      C (blogpost, von Oswald) / T (Zucchet)
+    d_x, d_y       D and 1 (blogpost) / d_x = d_y = 3 (Zucchet)
+    x_scale        a in x ~ U(−a, a):  1 (blogpost), 0.5 (von Oswald notebooks), √3 (Zucchet)
+    w_std          α in W ~ N(0, α²):  1 (blogpost), 1/√3 (Zucchet)
+    eta            η (sum convention above); analytic η* = 1/(σ_x² (C + d_x − 2 + κ)),
+                   κ = E[x⁴]/σ_x⁴ = 9/5 for uniform inputs → 1/(σ_x²(C + d_x − 1/5)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class Readout:
+    """Where and how a model's output becomes the task prediction."""
+
+    position: int  # token index of the query (−1: last)
+    start: int  # first output channel holding the prediction
+    stop: int  # one past the last channel
+    sign: float  # the θ_GD construction writes −ŷ, so the zoo reads −out
+
+    def __call__(self, out: torch.Tensor) -> torch.Tensor:
+        return self.sign * out[:, self.position, self.start : self.stop]  # (B, d_y)
+
+
+@dataclass
+class TaskBatch:
+    tokens: torch.Tensor  # (B, C+1, d_x+d_y), query's y-channels zeroed
+    targets: torch.Tensor  # (B, d_y)  y of the query
+    x: torch.Tensor  # (B, C+1, d_x)  context inputs then the query input
+    y: torch.Tensor  # (B, C+1, d_y)  targets of every position, query included
+
+    @property
+    def x_context(self) -> torch.Tensor:
+        return self.x[:, :-1]
+
+    @property
+    def y_context(self) -> torch.Tensor:
+        return self.y[:, :-1]
+
+    @property
+    def x_query(self) -> torch.Tensor:
+        return self.x[:, -1]
+
+
+@dataclass(frozen=True)
+class LinearRegressionTask:
+    d_x: int
+    d_y: int
+    n_context: int
+    x_scale: float = 1.0
+    w_std: float = 1.0
+    x_dist: str = "uniform"  # "uniform" on (−x_scale, x_scale) or "normal" with std x_scale
+
+    @property
+    def token_dim(self) -> int:
+        return self.d_x + self.d_y
+
+    @property
+    def seq_len(self) -> int:
+        return self.n_context + 1
+
+    @property
+    def readout(self) -> Readout:
+        return Readout(position=-1, start=self.d_x, stop=self.d_x + self.d_y, sign=-1.0)
+
+    # ---------------------------------------------------------------- sampling
+    def sample(
+        self,
+        n: int,
+        seed: int | None = None,
+        *,
+        generator: torch.Generator | None = None,
+        w_std: float | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> TaskBatch:
+        """Draw n tasks. Give `seed` for a fresh generator, or `generator` to continue one."""
+        if (seed is None) == (generator is None):
+            raise ValueError("give exactly one of seed= or generator=")
+        if generator is None:
+            generator = torch.Generator(device=device or "cpu").manual_seed(seed)
+        device = generator.device
+        w_std = self.w_std if w_std is None else w_std
+        shape_x = (n, self.seq_len, self.d_x)
+        if self.x_dist == "uniform":
+            x = (torch.rand(shape_x, generator=generator, device=device, dtype=dtype) * 2 - 1) * self.x_scale
+        elif self.x_dist == "normal":
+            x = torch.randn(shape_x, generator=generator, device=device, dtype=dtype) * self.x_scale
+        else:
+            raise ValueError(f"unknown x_dist {self.x_dist!r}")
+        w = torch.randn((n, self.d_y, self.d_x), generator=generator, device=device, dtype=dtype) * w_std
+        y = x @ w.transpose(1, 2)  # (B, C+1, d_y)
+        return self.batch_from_arrays(x, y)
+
+    def batch_from_arrays(self, x: torch.Tensor, y: torch.Tensor) -> TaskBatch:
+        if x.shape[1:] != (self.seq_len, self.d_x) or y.shape[1:] != (self.seq_len, self.d_y):
+            raise ValueError(
+                f"expected x (N, {self.seq_len}, {self.d_x}) and y (N, {self.seq_len}, {self.d_y}), "
+                f"got {tuple(x.shape)} and {tuple(y.shape)}"
+            )
+        y_in = y.clone()
+        y_in[:, -1] = 0
+        tokens = torch.cat([x, y_in], dim=-1)
+        return TaskBatch(tokens=tokens, targets=y[:, -1], x=x, y=y)
+
+    # ---------------------------------------------------------------- metrics
+    @staticmethod
+    def loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return 0.5 * ((pred - target) ** 2).mean()
+
+    # ---------------------------------------------------------------- baselines
+    @property
+    def x_variance(self) -> float:
+        return self.x_scale**2 / 3 if self.x_dist == "uniform" else self.x_scale**2
+
+    @property
+    def x_kurtosis(self) -> float:
+        return 9 / 5 if self.x_dist == "uniform" else 3.0
+
+    def analytic_eta(self) -> float:
+        """Optimal one-step-GD η (Zucchet App. C.2, Eq. 30 with i.i.d. inputs of kurtosis κ)."""
+        return 1.0 / (self.x_variance * (self.n_context + self.d_x - 2 + self.x_kurtosis))
+
+    def analytic_gd_loss(self, eta: float | None = None, w_std: float | None = None) -> float:
+        """Expected loss of one GD step with η, per output coordinate: ½ σ_W² σ_x² Tr E[(I − η XXᵀ)²]
+        = ½ σ_W² σ_x² (d_x − 2ηC d_x σ_x² + η² C d_x σ_x⁴ (C + d_x − 2 + κ))."""
+        eta = self.analytic_eta() if eta is None else eta
+        w_var = (self.w_std if w_std is None else w_std) ** 2
+        s2, n, d = self.x_variance, self.n_context, self.d_x
+        trace = d - 2 * eta * n * d * s2 + eta**2 * n * d * s2**2 * (n + d - 2 + self.x_kurtosis)
+        return 0.5 * w_var * s2 * trace
+
+
+def gd_predict(batch: TaskBatch, eta: float | torch.Tensor, steps: int = 1) -> torch.Tensor:
+    """Query prediction after `steps` GD steps from W=0 on ½ Σ_i ‖y_i − W x_i‖² with rate η."""
+    x, y = batch.x_context, batch.y_context  # (B, C, d_x), (B, C, d_y)
+    w = torch.zeros(x.shape[0], y.shape[-1], x.shape[-1], dtype=x.dtype, device=x.device)
+    for _ in range(steps):
+        residual = y - x @ w.transpose(1, 2)  # (B, C, d_y)
+        w = w + eta * residual.transpose(1, 2) @ x
+    return (w @ batch.x_query.unsqueeze(-1)).squeeze(-1)  # (B, d_y)
+
+
+def empirical_eta(batch: TaskBatch) -> float:
+    """Closed-form η minimising the one-step-GD loss on these tasks (blogpost, 'analytical solution').
+
+    ŷ(η) = η g with g = Σ_i y_i x_iᵀ x_q, so the loss is quadratic in η: η* = Σ y_q·g / Σ g².
+    """
+    g = gd_predict(batch, 1.0).double()
+    return float((batch.targets.double() * g).sum() / (g * g).sum())
+
+
+def line_search_eta(
+    loss_of_eta: Callable[[float], float], lo: float = 0.0, hi: float = 10.0, iters: int = 100
+) -> float:
+    """Golden-section search for the η minimising `loss_of_eta` on [lo, hi] (unimodal)."""
+    ratio = (5**0.5 - 1) / 2
+    a, b = lo, hi
+    c, d = b - ratio * (b - a), a + ratio * (b - a)
+    fc, fd = loss_of_eta(c), loss_of_eta(d)
+    for _ in range(iters):
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - ratio * (b - a)
+            fc = loss_of_eta(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + ratio * (b - a)
+            fd = loss_of_eta(d)
+    return (a + b) / 2
+
+
+def least_squares_predict(batch: TaskBatch) -> torch.Tensor:
+    """Exact (minimum-norm) least-squares solution on the context, applied to the query."""
+    x, y = batch.x_context.double(), batch.y_context.double()
+    w = torch.linalg.pinv(x) @ y  # (B, d_x, d_y)
+    return (batch.x_query.double().unsqueeze(1) @ w).squeeze(1).to(batch.x.dtype)

@@ -1,0 +1,168 @@
+"""Training: fresh tasks every step, AdamW + cosine, periodic validation on the frozen split,
+resumable training state (safetensors, never pickle), and a NaN guard.
+
+The run directory holds `train_state.safetensors` (weights, AdamW moments, the data
+generator's RNG state) and `train_state.json` (step, history). Re-running the same command
+after an interruption resumes from it and gives the same weights as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+STATE_FILE = "train_state.safetensors"
+META_FILE = "train_state.json"
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN/inf; the last good training state was kept on disk."""
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    history: list[dict] = field(default_factory=list)  # {"step", "train_loss", "val_loss"?}
+    resumed_from: int = 0
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def lr_factor(step: int, recipe, total_steps: int) -> float:
+    """Multiplier of the peak lr at `step`: linear warm-up, then cosine to final_lr (or constant)."""
+    if recipe.warmup_steps and step < recipe.warmup_steps:
+        return (step + 1) / recipe.warmup_steps
+    if recipe.schedule == "constant":
+        return 1.0
+    span = max(1, total_steps - recipe.warmup_steps)
+    progress = min(1.0, (step - recipe.warmup_steps) / span)
+    floor = recipe.final_lr / recipe.lr
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def make_optimizer(model: torch.nn.Module, recipe) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=tuple(recipe.betas), weight_decay=recipe.weight_decay)
+
+
+# ---------------------------------------------------------------- resumable state
+def save_state(run_dir: Path, model, opt, generator: torch.Generator, step: int, history: list[dict]) -> None:
+    tensors = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
+    opt_sd = opt.state_dict()
+    for idx, st in opt_sd["state"].items():
+        for key, value in st.items():
+            tensors[f"optim.{idx}.{key}"] = torch.as_tensor(value).detach().contiguous()
+    tensors["rng"] = generator.get_state()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    # Write both files under temporary names then rename: an interruption mid-write leaves the
+    # previous good state intact.
+    tmp_state, tmp_meta = run_dir / (STATE_FILE + ".tmp"), run_dir / (META_FILE + ".tmp")
+    save_file({k: v.cpu() for k, v in tensors.items()}, str(tmp_state))
+    tmp_meta.write_text(json.dumps({"step": step, "param_groups": opt_sd["param_groups"], "history": history}))
+    os.replace(tmp_state, run_dir / STATE_FILE)
+    os.replace(tmp_meta, run_dir / META_FILE)
+
+
+def load_state(run_dir: Path, model, opt, generator: torch.Generator) -> tuple[int, list[dict]]:
+    tensors = load_file(str(run_dir / STATE_FILE))
+    meta = json.loads((run_dir / META_FILE).read_text())
+    device = next(model.parameters()).device
+    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")}, strict=True)
+    state: dict[int, dict] = {}
+    for key, value in tensors.items():
+        if key.startswith("optim."):
+            _, idx, name = key.split(".", 2)
+            state.setdefault(int(idx), {})[name] = value if name == "step" else value.to(device)
+    opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    generator.set_state(tensors["rng"])
+    return meta["step"], meta["history"]
+
+
+def _params_finite(model) -> bool:
+    return all(torch.isfinite(p).all() for p in model.parameters())
+
+
+# ---------------------------------------------------------------- loop
+def train(
+    model,
+    task,
+    recipe,
+    *,
+    run_dir: Path,
+    validation_batch=None,
+    steps: int | None = None,
+    seed: int | None = None,
+    device: torch.device | str | None = None,
+    progress: bool = True,
+) -> TrainResult:
+    device = torch.device(device) if device else default_device()
+    total = steps or recipe.steps
+    seed = recipe.seed if seed is None else seed
+    model.to(device)
+    opt = make_optimizer(model, recipe)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, recipe, total))
+    generator = torch.Generator(device=device).manual_seed(seed)
+    run_dir = Path(run_dir)
+
+    start, history = 0, []
+    if (run_dir / STATE_FILE).exists():
+        start, history = load_state(run_dir, model, opt, generator)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, recipe, total), last_epoch=start - 1)
+    resumed_from = start
+    val = None
+    if validation_batch is not None:
+        val = (validation_batch.tokens.to(device), validation_batch.targets.to(device))
+
+    bar = tqdm(total=total, initial=start, disable=not progress, desc="train", unit="step", dynamic_ncols=True)
+    running, count = 0.0, 0
+    step = start
+    try:
+        for step in range(start, total):
+            batch = task.sample(recipe.batch_size, generator=generator)
+            loss = task.loss(model.predict(batch.tokens), batch.targets)
+            if not torch.isfinite(loss):
+                raise TrainingDiverged(
+                    f"loss is {loss.item()} at step {step}; stopped. The last good training state "
+                    f"(step {_last_saved(run_dir)}) is kept in {run_dir}"
+                )
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if recipe.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+            opt.step()
+            sched.step()
+            running += loss.item()
+            count += 1
+            done = step + 1
+            if done % recipe.eval_every == 0 or done == total:
+                record = {"step": done, "train_loss": running / count, "lr": sched.get_last_lr()[0]}
+                running, count = 0.0, 0
+                if val is not None:
+                    with torch.no_grad():
+                        record["val_loss"] = task.loss(model.predict(val[0]), val[1]).item()
+                history.append(record)
+                bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k != "step"})
+            if (done % recipe.checkpoint_every == 0 or done == total) and _params_finite(model):
+                save_state(run_dir, model, opt, generator, done, history)
+            bar.update(1)
+    except KeyboardInterrupt:
+        bar.close()
+        raise KeyboardInterrupt(
+            f"interrupted at step {step}; the state of step {_last_saved(run_dir)} is in {run_dir}: "
+            "run the same command again to resume"
+        ) from None
+    bar.close()
+    return TrainResult(steps=total, history=history, resumed_from=resumed_from)
+
+
+def _last_saved(run_dir: Path) -> int | str:
+    meta = run_dir / META_FILE
+    return json.loads(meta.read_text())["step"] if meta.exists() else "none"
