@@ -12,7 +12,7 @@ from zoo.registry import get_entry, list_entries  # noqa: E402
 
 
 def build(name: str, out=None, **kwargs):
-    from zoo.build import build as _build
+    from zoo.builder import build as _build
 
     return _build(name, out, **kwargs)
 

@@ -62,9 +62,18 @@ def generate_split(task: LinearRegressionTask, seed: int, n: int, w_std: float |
     return b.x.numpy().astype("<f4"), b.y.numpy().astype("<f4")
 
 
+def _quiet_datasets() -> None:
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+
+
 def save_split(x: np.ndarray, y: np.ndarray, folder: Path) -> str:
     """Write data.parquet (explicit Array2D features) and return the content hash."""
     from datasets import Array2D, Dataset, Features
+
+    _quiet_datasets()
 
     folder.mkdir(parents=True, exist_ok=True)
     features = Features({
@@ -79,6 +88,7 @@ def save_split(x: np.ndarray, y: np.ndarray, folder: Path) -> str:
 def read_parquet_arrays(path: Path | str) -> tuple[np.ndarray, np.ndarray]:
     from datasets import Dataset
 
+    _quiet_datasets()
     ds = Dataset.from_parquet(str(path), keep_in_memory=True).with_format("numpy")
     return _arrays(ds)
 

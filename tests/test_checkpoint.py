@@ -1,0 +1,108 @@
+"""Checkpoint folders: bit-exact round trip, integrity checks, model card."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import zoo
+from zoo.checkpoint import CheckpointError
+
+
+@pytest.fixture(scope="module")
+def constructed(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ckpt") / "lsa-gd-zucchet-icl"
+    return zoo.build("lsa-gd-zucchet-icl", out), out
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ckpt") / "lsa-d10-c10"
+    return zoo.build("lsa-d10-c10", out, steps=30, device="cpu", progress=False), out
+
+
+def test_round_trip_is_bit_exact(trained):
+    ckpt, out = trained
+    loaded = zoo.load(out)
+    for (k, a), (k2, b) in zip(ckpt.model.state_dict().items(), loaded.model.state_dict().items()):
+        assert k == k2 and torch.equal(a, b)
+    tokens = ckpt.task.sample(16, seed=0).tokens
+    assert torch.equal(ckpt.model(tokens), loaded.model(tokens))
+    assert loaded.metrics == json.loads((out / "eval_results.json").read_text())
+
+
+def test_folder_contents_and_provenance(trained):
+    ckpt, out = trained
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["entry"]["name"] == "lsa-d10-c10"
+    prov = cfg["provenance"]
+    assert prov["steps"] == 30 and prov["seed"] == 0 and prov["zoo_version"] == zoo.__version__
+    assert set(prov["dataset_hashes"]) == {"validation", "test"}
+    assert "model.safetensors" in cfg["files"]
+    assert (out / "loss_curve.png").stat().st_size > 1000
+    assert not any(p.suffix in (".bin", ".pt", ".pkl") for p in out.iterdir())
+
+
+def test_model_card_metadata(constructed):
+    from huggingface_hub import ModelCard
+
+    ckpt, out = constructed
+    card = ModelCard.load(out / "README.md")
+    assert card.data.library_name == "icl-zoo"
+    results = {r.metric_type: r.metric_value for r in card.data.eval_results}
+    assert results["test_loss"] == pytest.approx(ckpt.metrics["test_loss"])
+    assert "| test loss |" in card.text and "@article{zucchet2023gated" in card.text
+
+
+def test_constructed_checkpoint_is_gd(constructed):
+    ckpt, _ = constructed
+    m = ckpt.metrics
+    assert m["test_loss"] == pytest.approx(m["gd_loss"], rel=1e-5)
+    assert m["sensitivity_cosine"] == pytest.approx(1.0, abs=1e-6)
+    assert ckpt.construction["eta"] == pytest.approx(1 / 14.8)
+
+
+def copy(out, tmp_path):
+    import shutil
+
+    dst = tmp_path / "copy"
+    shutil.copytree(out, dst)
+    return dst
+
+
+def test_tampered_weights_are_refused(constructed, tmp_path):
+    dst = copy(constructed[1], tmp_path)
+    weights = load_file(str(dst / "model.safetensors"))
+    weights["layers.0.w_p"][0, 0] += 1e-3
+    save_file(weights, str(dst / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="model.safetensors has SHA-256 .* refusing to load"):
+        zoo.load(dst)
+
+
+def test_missing_file_and_wrong_shapes_are_refused(constructed, tmp_path):
+    dst = copy(constructed[1], tmp_path)
+    (dst / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="listed in config.json but missing"):
+        zoo.load(dst)
+
+    dst2 = copy(constructed[1], tmp_path / "b")
+    weights = load_file(str(dst2 / "model.safetensors"))
+    weights["layers.0.w_q"] = torch.zeros(5, 5)
+    save_file(weights, str(dst2 / "model.safetensors"))
+    cfg = json.loads((dst2 / "config.json").read_text())
+    from zoo.checkpoint import sha256_file
+
+    cfg["files"]["model.safetensors"]["sha256"] = sha256_file(dst2 / "model.safetensors")  # hash consistent, shape wrong
+    (dst2 / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"layers.0.w_q has shape \(5, 5\), the architecture needs \(6, 6\)"):
+        zoo.load(dst2)
+
+
+def test_unknown_architecture_is_refused(constructed, tmp_path):
+    dst = copy(constructed[1], tmp_path)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["entry"]["arch"]["type"] = "hyena"
+    (dst / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="not understood by icl-zoo"):
+        zoo.load(dst)

@@ -1,0 +1,90 @@
+"""LSA and θ_GD against their defining math, in float64 on fresh random tasks."""
+
+import pytest
+import torch
+
+from zoo.constructions.gd import construct_gd_lsa
+from zoo.models import NotRecurrentError
+from zoo.models.lsa import LinearSelfAttention
+from zoo.tasks.regression import LinearRegressionTask, gd_predict
+
+TASKS = [
+    LinearRegressionTask(d_x=10, d_y=1, n_context=10),  # blogpost
+    LinearRegressionTask(d_x=3, d_y=3, n_context=12, x_scale=3**0.5, w_std=(1 / 3) ** 0.5),  # Zucchet
+    LinearRegressionTask(d_x=5, d_y=2, n_context=40, x_dist="normal"),
+]
+
+
+def gd_lsa(task, eta, n_layers=1, attention="strict_causal", loops=1, damping=1.0):
+    m = LinearSelfAttention(task.token_dim, task.readout, n_layers=n_layers, attention=attention,
+                            loops=loops, damping=damping).double()
+    return construct_gd_lsa(m, task.d_x, eta / damping)
+
+
+@pytest.mark.parametrize("task", TASKS, ids=["blogpost", "zucchet", "normal"])
+@pytest.mark.parametrize("attention", ["causal", "strict_causal", "context"])
+def test_theta_gd_query_prediction_is_one_gd_step(task, attention, rng):
+    eta = 0.37 * task.analytic_eta() + torch.rand((), generator=rng).item() * task.analytic_eta()
+    b = task.sample(512, generator=rng, dtype=torch.float64)
+    pred = gd_lsa(task, eta, attention=attention).predict(b.tokens)
+    # ŷ = η Σ_i y_i x_iᵀ x_q written out independently of gd_predict:
+    expected = eta * torch.einsum("bcy,bcx,bx->by", b.y_context, b.x_context, b.x_query)
+    torch.testing.assert_close(pred, expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(pred, gd_predict(b, eta), rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("n_layers", [2, 3, 5])
+def test_multi_layer_theta_gd_is_multi_step_gd(n_layers, rng):
+    task = TASKS[0]
+    eta = 0.5 * task.analytic_eta()
+    b = task.sample(256, generator=rng, dtype=torch.float64)
+    pred = gd_lsa(task, eta, n_layers=n_layers, attention="context").predict(b.tokens)
+    torch.testing.assert_close(pred, gd_predict(b, eta, steps=n_layers), rtol=0, atol=1e-6)
+    # and it is not the one-step answer: the test can tell the two apart
+    assert (pred - gd_predict(b, eta, steps=1)).abs().max() > 1e-2
+
+
+def test_looped_theta_gd_with_damping_is_multi_step_gd(rng):
+    task = TASKS[1]
+    eta = task.analytic_eta()
+    b = task.sample(256, generator=rng, dtype=torch.float64)
+    model = gd_lsa(task, eta, attention="context", loops=4, damping=0.7)
+    torch.testing.assert_close(model.predict(b.tokens), gd_predict(b, eta, steps=4), rtol=0, atol=1e-6)
+
+
+def test_multi_layer_causal_is_not_multi_step_gd(rng):
+    """Why multi-layer GD needs context attention: causal layers see partial contexts."""
+    task = TASKS[0]
+    eta = 0.5 * task.analytic_eta()
+    b = task.sample(256, generator=rng, dtype=torch.float64)
+    pred = gd_lsa(task, eta, n_layers=2, attention="strict_causal").predict(b.tokens)
+    assert (pred - gd_predict(b, eta, steps=2)).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("attention", ["causal", "strict_causal"])
+@pytest.mark.parametrize("n_layers,loops", [(1, 1), (3, 1), (1, 3)])
+def test_forward_equals_iterated_step(attention, n_layers, loops):
+    torch.manual_seed(0)
+    d = 7
+    model = LinearSelfAttention(d, TASKS[0].readout, n_layers=n_layers, attention=attention, loops=loops,
+                                damping=0.8, init_std=0.3).double()
+    tokens = torch.randn(4, 25, d, dtype=torch.float64)
+    full = model(tokens)
+    state = model.init_state(4)
+    outs = []
+    for t in range(tokens.shape[1]):
+        out, state = model.step(tokens[:, t], state)
+        outs.append(out)
+    torch.testing.assert_close(torch.stack(outs, 1), full, rtol=1e-10, atol=1e-10)
+
+
+def test_context_attention_has_no_recurrence():
+    model = LinearSelfAttention(4, TASKS[0].readout, attention="context")
+    with pytest.raises(NotRecurrentError, match="strict_causal"):
+        model.init_state(2)
+
+
+def test_wrong_state_shape_is_a_clear_error():
+    model = LinearSelfAttention(4, TASKS[0].readout, n_layers=2)
+    with pytest.raises(ValueError, match=r"state '1.kv' has shape \(2, 3, 3\), expected \(2, 4, 4\)"):
+        model.check_state((torch.zeros(2, 4, 4), torch.zeros(2, 3, 3)), batch=2)

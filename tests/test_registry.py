@@ -1,0 +1,89 @@
+"""The declarative registry: every entry validates, bad files fail naming file, entry and field."""
+
+import pytest
+
+import zoo
+from zoo.models import create_model
+from zoo.registry import RegistryError, default_registry, get_entry, list_entries, load_registry
+
+GOOD_TASK = """
+[tasks.t]
+kind = "linear_regression"
+d_x = 2
+n_context = 4
+[tasks.t.splits.test]
+seed = 1
+"""
+
+
+def write(tmp_path, text, name="fam.toml"):
+    (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize("name", [e.name for e in list_entries()])
+def test_every_entry_builds_a_model(name):
+    entry = get_entry(name)
+    task = default_registry().task(entry.task).build()
+    model = create_model(entry.arch, task)
+    assert model.d_in == task.token_dim
+    assert set(default_registry().task(entry.task).splits) == {"validation", "test"}
+    assert all(s.sha256 for s in default_registry().task(entry.task).splits.values()), "frozen splits must pin a hash"
+
+
+def test_list_and_filter():
+    assert {e.name for e in zoo.list_entries(source="constructed")} >= {"lsa-gd-d10-c10", "lsa-gd-zucchet-icl"}
+    assert all(e.source.kind == "trained" for e in zoo.list_entries(source="trained"))
+    assert [e.name for e in zoo.list_entries("zucchet")] == ["lsa-gd-zucchet-icl"]
+
+
+def test_unknown_entry_is_a_clear_error():
+    with pytest.raises(RegistryError, match="unknown entry 'lsa-nope'"):
+        zoo.get_entry("lsa-nope")
+
+
+def test_bad_field_names_file_entry_and_field(tmp_path):
+    write(tmp_path, GOOD_TASK + """
+[models.m-1]
+paper = "p"
+task = "t"
+arch = { type = "lsa", n_layers = 0 }
+source = { kind = "constructed", construction = "gd" }
+""")
+    with pytest.raises(RegistryError) as e:
+        load_registry(tmp_path)
+    assert "fam.toml: entry 'm-1': field 'arch.lsa.n_layers'" in str(e.value)
+
+
+@pytest.mark.parametrize("snippet,expected", [
+    ('arch = { type = "lstm-9000" }', "field 'arch'"),
+    ('arch = { type = "lsa", heads = 2 }', "field 'arch.lsa.heads': Extra inputs are not permitted"),
+    ('arch = { type = "lsa" }\nsource = { kind = "trained", steps = 10 }', "field 'source.trained.batch_size': Field required"),
+])
+def test_bad_arch_and_recipe_fields(tmp_path, snippet, expected):
+    src = '' if "source" in snippet else '\nsource = { kind = "constructed", construction = "gd" }'
+    write(tmp_path, GOOD_TASK + f'\n[models.m]\npaper = "p"\ntask = "t"\n{snippet}{src}\n')
+    with pytest.raises(RegistryError, match="fam.toml: entry 'm': " + expected.replace("(", r"\(").replace(")", r"\)")):
+        load_registry(tmp_path)
+
+
+def test_unknown_task_and_bad_name(tmp_path):
+    write(tmp_path, GOOD_TASK + """
+[models.Bad_Name]
+paper = "p"
+task = "nope"
+arch = { type = "lsa" }
+source = { kind = "constructed", construction = "gd" }
+""")
+    with pytest.raises(RegistryError) as e:
+        load_registry(tmp_path)
+    assert "entry 'Bad_Name': field 'name'" in str(e.value) and "kebab-case" in str(e.value)
+
+
+def test_bad_task_field_and_bad_toml(tmp_path):
+    write(tmp_path, GOOD_TASK.replace("d_x = 2", "d_x = -2"))
+    with pytest.raises(RegistryError, match="fam.toml: task 't': field 'd_x'"):
+        load_registry(tmp_path)
+    write(tmp_path, "[tasks.t\n", name="fam.toml")
+    with pytest.raises(RegistryError, match="fam.toml: not valid TOML"):
+        load_registry(tmp_path)

@@ -1,0 +1,71 @@
+"""The regression task, its baselines and the papers' numbers."""
+
+import math
+
+import pytest
+import torch
+
+from zoo.registry import get_task_spec
+from zoo.tasks.frozen import load_split
+from zoo.tasks.regression import (
+    LinearRegressionTask, empirical_eta, gd_predict, least_squares_predict, line_search_eta,
+)
+
+
+def test_sample_layout_and_determinism():
+    task = LinearRegressionTask(d_x=3, d_y=2, n_context=5)
+    a, b = task.sample(8, seed=7), task.sample(8, seed=7)
+    assert torch.equal(a.tokens, b.tokens)
+    assert a.tokens.shape == (8, 6, 5)
+    assert torch.equal(a.tokens[:, :-1, :3], a.x[:, :-1]) and torch.equal(a.tokens[:, :-1, 3:], a.y[:, :-1])
+    assert torch.all(a.tokens[:, -1, 3:] == 0)  # query's y is hidden
+    torch.testing.assert_close(a.targets, a.y[:, -1])
+    assert a.x.abs().max() <= 1.0
+    assert not torch.equal(a.tokens, task.sample(8, seed=8).tokens)
+
+
+def test_zucchet_analytic_eta():
+    task = get_task_spec("zucchet-icl").build()
+    assert task.analytic_eta() == pytest.approx(1 / (12 + 3 - 1 / 5), rel=1e-12)
+    assert round(task.analytic_eta(), 4) == 0.0676
+    assert task.analytic_gd_loss() == pytest.approx(0.0946, abs=1e-4)  # paper: 0.0947
+
+
+def test_zucchet_gd_loss_on_frozen_test_split_matches_paper():
+    task = get_task_spec("zucchet-icl").build()
+    b = load_split("zucchet-icl", "test").batch(task, dtype=torch.float64)
+    per_task = 0.5 * ((gd_predict(b, task.analytic_eta()) - b.targets) ** 2).mean(1)
+    loss, stderr = per_task.mean().item(), per_task.std().item() / math.sqrt(len(per_task))
+    # the paper's 0.0947 and the exact expectation 0.09459 both lie within 3 standard errors
+    assert abs(loss - 0.0947) < 3 * stderr, (loss, stderr)
+    assert abs(loss - task.analytic_gd_loss()) < 3 * stderr
+    assert stderr < 0.002
+
+
+def test_analytic_eta_minimises_the_sampled_loss():
+    """Eq. 30 against brute force: empirical and line-searched η* agree with the formula."""
+    for task in [LinearRegressionTask(d_x=10, d_y=1, n_context=10), LinearRegressionTask(d_x=4, d_y=1, n_context=20, x_dist="normal")]:
+        b = task.sample(200_000, seed=3, dtype=torch.float64)
+        emp = empirical_eta(b)
+        ls = line_search_eta(lambda e: task.loss(gd_predict(b, e), b.targets).item(), 0, 3 * task.analytic_eta())
+        assert emp == pytest.approx(task.analytic_eta(), rel=0.02)
+        assert ls == pytest.approx(emp, rel=1e-4)
+
+
+def test_blogpost_gd_baseline_numbers():
+    # DESIGN.md: U(−1,1) → η_blog ≈ 1.5, ½MSE ≈ 0.83;  U(−0.5,0.5) → η_blog ≈ 6.0, ½MSE ≈ 0.208
+    full = LinearRegressionTask(d_x=10, d_y=1, n_context=10, x_scale=1.0)
+    half = LinearRegressionTask(d_x=10, d_y=1, n_context=10, x_scale=0.5)
+    assert 10 * full.analytic_eta() == pytest.approx(1.515, abs=0.01)
+    assert 10 * half.analytic_eta() == pytest.approx(6.06, abs=0.05)
+    assert full.analytic_gd_loss() == pytest.approx(0.825, abs=0.005)
+    assert half.analytic_gd_loss() == pytest.approx(0.206, abs=0.003)
+
+
+def test_least_squares_is_exact_without_noise_and_min_norm_when_underdetermined():
+    over = LinearRegressionTask(d_x=4, d_y=2, n_context=12)
+    b = over.sample(64, seed=1, dtype=torch.float64)
+    torch.testing.assert_close(least_squares_predict(b), b.targets, atol=1e-9, rtol=0)
+    under = LinearRegressionTask(d_x=8, d_y=1, n_context=3)
+    b = under.sample(64, seed=1, dtype=torch.float64)
+    assert over.loss(least_squares_predict(b), b.targets) > 1e-3
