@@ -93,6 +93,71 @@ def cmd_datasets(args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- hub
+def _hub_kwargs(args) -> dict:
+    return {"root": Path(args.root)} if args.hub == "local" and args.root else {}
+
+
+def cmd_publish(args) -> int:
+    import zoo
+    from zoo.card import write_card_and_figures
+    from zoo.checkpoint import read_checkpoint
+    from zoo.hub import publish, validate_repo_id
+
+    validate_repo_id(args.repo)
+    folder = Path(args.source)
+    if not folder.is_dir():  # a registry entry: build it first
+        folder = Path(args.out or Path("checkpoints") / args.source)
+        zoo.build(args.source, folder, steps=args.steps, progress=not args.quiet)
+    ckpt = read_checkpoint(folder)  # verifies hashes before anything leaves the machine
+    write_card_and_figures(ckpt, folder, repo_id=args.repo, dataset_repo=args.dataset_repo,
+                           dataset_revision=args.dataset_revision)
+    sha = publish(folder, args.repo, hub=args.hub, repo_type="model", **_hub_kwargs(args))
+    print(f"published {folder} → {args.repo} ({args.hub}) revision {sha}")
+    return 0
+
+
+def cmd_publish_dataset(args) -> int:
+    import tempfile
+
+    from zoo.hub import dataset_folder, publish, validate_repo_id
+
+    validate_repo_id(args.repo)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder, hashes = dataset_folder(args.task, Path(tmp))
+        sha = publish(folder, args.repo, hub=args.hub, repo_type="dataset", **_hub_kwargs(args))
+    print(f"published frozen splits of {args.task} → {args.repo} ({args.hub}) revision {sha}")
+    _print_json(hashes)
+    return 0
+
+
+def cmd_hub_serve(args) -> int:
+    import time
+
+    from zoo.hub import default_local_hub, start_server
+
+    root = Path(args.dir) if args.dir else default_local_hub()
+    proc, endpoint = start_server(root, args.port)
+    print(f"serving the local hub {root} with olah at {endpoint}")
+    print(f"  export HF_ENDPOINT={endpoint}    # then huggingface_hub / datasets / zoo use it")
+    try:
+        while proc.poll() is None:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        proc.terminate()
+    return 0
+
+
+def cmd_pull(args) -> int:
+    from zoo.checkpoint import read_checkpoint
+    from zoo.hub import resolve_folder
+
+    folder = resolve_folder(args.repo, revision=args.revision, endpoint=args.endpoint)
+    ckpt = read_checkpoint(folder)
+    print(f"{args.repo}@{args.revision or 'main'} → {folder}  ({ckpt.entry.name}, hashes verified)")
+    return 0
+
+
 def cmd_quickstart(args) -> int:
     from zoo.quickstart import run
 
@@ -140,6 +205,38 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("tasks", nargs="*", help="task names (default: all)")
     s.set_defaults(fn=cmd_datasets)
 
+    s = sub.add_parser("publish", help="publish a checkpoint folder (or build an entry) as a Hub model repo")
+    s.add_argument("source", help="checkpoint folder or registry entry name")
+    s.add_argument("--repo", required=True, help="ORG/NAME")
+    s.add_argument("--hub", default="local", help="'local' (default), 'hf' for huggingface.co, or a Hub URL")
+    s.add_argument("--root", help="local hub directory (default: ~/.cache/icl-zoo/hub or ICL_ZOO_LOCAL_HUB)")
+    s.add_argument("--dataset-repo", help="dataset repo holding the frozen splits (pinned in the card)")
+    s.add_argument("--dataset-revision", help="its revision (commit sha)")
+    s.add_argument("--out", help="where to build an entry given by name")
+    s.add_argument("--steps", type=int)
+    s.add_argument("--quiet", action="store_true")
+    s.set_defaults(fn=cmd_publish)
+
+    s = sub.add_parser("publish-dataset", help="publish a task's frozen splits as a Hub dataset repo")
+    s.add_argument("task")
+    s.add_argument("--repo", required=True, help="ORG/NAME")
+    s.add_argument("--hub", default="local")
+    s.add_argument("--root")
+    s.set_defaults(fn=cmd_publish_dataset)
+
+    s = sub.add_parser("pull", help="download a model repo through huggingface_hub and verify it")
+    s.add_argument("repo")
+    s.add_argument("--revision")
+    s.add_argument("--endpoint", help="Hub endpoint (default: HF_ENDPOINT or huggingface.co)")
+    s.set_defaults(fn=cmd_pull)
+
+    s = sub.add_parser("hub", help="local hub tools")
+    hub_sub = s.add_subparsers(dest="hub_command", required=True)
+    s = hub_sub.add_parser("serve", help="serve the local hub with olah on 127.0.0.1")
+    s.add_argument("--dir", help="local hub directory")
+    s.add_argument("--port", type=int, help="default: a free port")
+    s.set_defaults(fn=cmd_hub_serve)
+
     s = sub.add_parser("quickstart", help="the zoo end to end on CPU in a few minutes")
     s.add_argument("--out", default="quickstart-out")
     s.add_argument("--steps", type=int, default=1500)
@@ -154,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         print(f"\n{e}" if str(e) else "\ninterrupted", file=sys.stderr)
         return 130
-    except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
+    except (ValueError, KeyError, OSError, RuntimeError) as e:
         # Library errors are written to be read: show the message, not a traceback.
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,12 +1,258 @@
-"""Hub I/O: resolve a repo id to a local snapshot through huggingface_hub."""
+"""Hub I/O: publish checkpoints and frozen datasets to the real Hugging Face Hub or to a local
+hub, serve the local hub with olah, and pull through the ordinary `huggingface_hub` clients.
+
+Local hub: a directory of git repositories laid out like the Hub,
+
+    <root>/models/<org>/<name>     branch main, one commit per publish (history kept)
+    <root>/datasets/<org>/<name>
+
+served by olah (a Hugging Face–compatible server) on loopback in offline mode. Then
+`snapshot_download(repo_id, endpoint=...)`, `hf_hub_download` and
+`datasets.load_dataset(repo_id)` work unchanged. huggingface_hub reads HF_ENDPOINT at import
+time, so this module always passes `endpoint=` explicitly.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
+from zoo.tasks.frozen import cache_dir
 
+REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+REPO_TYPES = ("model", "dataset")
+NEVER_PUBLISHED = (".train", ".git", ".cache")  # training state and VCS/cache internals stay local
+
+
+class HubError(ValueError):
+    """A repo id is invalid, a hub is unreachable, or a publish/pull failed."""
+
+
+def validate_repo_id(repo_id: str) -> str:
+    if not REPO_ID.match(repo_id) or ".." in repo_id or repo_id.endswith((".git", ".")):
+        raise HubError(
+            f"invalid repo id {repo_id!r}: expected ORG/NAME with letters, digits, '-', '_', '.' "
+            "(no '..', no leading '.', at most 96 characters each)"
+        )
+    return repo_id
+
+
+def default_local_hub() -> Path:
+    return Path(os.environ.get("ICL_ZOO_LOCAL_HUB") or cache_dir() / "hub")
+
+
+# ---------------------------------------------------------------- local hub
+def _git(cwd: Path, *args: str) -> str:
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "icl-zoo", "GIT_AUTHOR_EMAIL": "icl-zoo@localhost",
+        "GIT_COMMITTER_NAME": "icl-zoo", "GIT_COMMITTER_EMAIL": "icl-zoo@localhost",
+    }
+    out = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise HubError(f"git {' '.join(args)} failed in {cwd}: {out.stderr.strip()}")
+    return out.stdout.strip()
+
+
+def local_repo_path(root: Path, repo_id: str, repo_type: str = "model") -> Path:
+    if repo_type not in REPO_TYPES:
+        raise HubError(f"repo_type must be one of {REPO_TYPES}, got {repo_type!r}")
+    org, name = validate_repo_id(repo_id).split("/")
+    path = (Path(root) / f"{repo_type}s" / org / name).resolve()
+    if Path(root).resolve() not in path.parents:  # belt and braces against traversal
+        raise HubError(f"repo id {repo_id!r} escapes the local hub {root}")
+    return path
+
+
+def _publishable(folder: Path):
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder)
+        if p.is_file() and not any(part in NEVER_PUBLISHED for part in rel.parts):
+            yield p, rel
+
+
+def publish_local(folder: Path, repo_id: str, *, repo_type: str = "model", root: Path | None = None,
+                  message: str | None = None) -> str:
+    """Commit `folder` as the new revision of `repo_id` on branch main; returns the commit sha.
+
+    The previous revisions stay in the history: nothing is overwritten silently.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise HubError(f"{folder} is not a folder")
+    root = Path(root) if root else default_local_hub()
+    repo = local_repo_path(root, repo_id, repo_type)
+    if not (repo / ".git").exists():
+        repo.mkdir(parents=True, exist_ok=True)
+        _git(repo, "init", "-q", "-b", "main")
+    for tracked in _git(repo, "ls-files", "-z").split("\0"):
+        if tracked:
+            (repo / tracked).unlink(missing_ok=True)
+    for src, rel in _publishable(folder):
+        dst = repo / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
+    _git(repo, "add", "-A")
+    if not _git(repo, "status", "--porcelain"):
+        return _git(repo, "rev-parse", "HEAD")  # identical content: no empty revision
+    _git(repo, "commit", "-q", "-m", message or f"Publish {repo_id} from {folder.name}")
+    return _git(repo, "rev-parse", "HEAD")
+
+
+# ---------------------------------------------------------------- real hub
+def publish_hub(folder: Path, repo_id: str, *, repo_type: str = "model", endpoint: str | None = None,
+                token: str | None = None, private: bool = False, message: str | None = None) -> str:
+    """create_repo(exist_ok=True) + upload_folder on the Hub at `endpoint`; returns the commit sha."""
+    from huggingface_hub import HfApi
+
+    validate_repo_id(repo_id)
+    api = HfApi(endpoint=endpoint, token=token)
+    api.create_repo(repo_id, repo_type=repo_type, exist_ok=True, private=private)
+    info = api.upload_folder(
+        folder_path=str(folder), repo_id=repo_id, repo_type=repo_type,
+        commit_message=message or f"Publish {repo_id} with icl-zoo",
+        ignore_patterns=[f"{d}/**" for d in NEVER_PUBLISHED],
+    )
+    return info.oid
+
+
+def publish(folder: Path, repo_id: str, *, hub: str = "local", repo_type: str = "model", **kwargs) -> str:
+    """`hub="local"` (the local hub, optionally `root=`) or a Hub URL / "hf" for huggingface.co."""
+    if hub == "local":
+        return publish_local(folder, repo_id, repo_type=repo_type, **kwargs)
+    endpoint = None if hub in ("hf", "huggingface") else hub
+    return publish_hub(folder, repo_id, repo_type=repo_type, endpoint=endpoint, **kwargs)
+
+
+# ---------------------------------------------------------------- frozen datasets as dataset repos
+def dataset_folder(task_name: str, out: Path) -> tuple[Path, dict]:
+    """A Hub dataset repo folder for a task's frozen splits: parquet per split, hashes, card."""
+    from zoo.registry import get_task_spec
+    from zoo.tasks.frozen import load_split, save_split
+
+    spec = get_task_spec(task_name)
+    out = Path(out)
+    hashes = {}
+    for split in spec.splits:
+        s = load_split(task_name, split)
+        tmp = out / "_tmp"
+        save_split(s.x, s.y, tmp)
+        (out / "data").mkdir(parents=True, exist_ok=True)
+        os.replace(tmp / "data.parquet", out / "data" / f"{split}-00000-of-00001.parquet")
+        shutil.rmtree(tmp)
+        hashes[split] = {"sha256": s.sha256, "n": int(s.x.shape[0]), "seed": spec.splits[split].seed}
+    (out / "hashes.json").write_text(json.dumps({"task": task_name, "splits": hashes}, indent=2))
+    configs = "\n".join(f"  - split: {s}\n    path: data/{s}-*.parquet" for s in spec.splits)
+    hash_rows = "\n".join(f"| {s} | {h['n']} | {h['seed']} | `{h['sha256']}` |" for s, h in hashes.items())
+    (out / "README.md").write_text(f"""---
+license: apache-2.0
+tags:
+- icl-zoo
+- in-context-learning
+configs:
+- config_name: default
+  data_files:
+{configs}
+---
+
+# Frozen in-context regression tasks: `{task_name}`
+
+{spec.description}
+
+Each row is one task: `x` (C+1, d_x) inputs, the last one the query, and `y` (C+1, d_y) targets.
+Generated by icl-zoo from fixed seeds. The identity of a split is the SHA-256 of its canonical
+float32 arrays (see `zoo/tasks/frozen.py`), checked on every load:
+
+| split | tasks | seed | SHA-256 |
+|---|---|---|---|
+{hash_rows}
+
+```python
+from zoo.tasks.frozen import load_split_from_hub
+split = load_split_from_hub("ORG/NAME", split="test", expected_sha256="...")   # refuses a mismatch
+```
+""")
+    return out, hashes
+
+
+# ---------------------------------------------------------------- pull
 def resolve_folder(repo_id: str, *, revision: str | None = None, endpoint: str | None = None,
                    cache_dir=None, token=None) -> Path:
     from huggingface_hub import snapshot_download
 
+    validate_repo_id(repo_id)
     return Path(snapshot_download(repo_id, revision=revision, endpoint=endpoint, cache_dir=cache_dir, token=token))
+
+
+# ---------------------------------------------------------------- serve
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def olah_config(root: Path, port: int, workdir: Path) -> Path:
+    cfg = workdir / "olah.toml"
+    cfg.write_text(
+        "[basic]\n"
+        f'host = "127.0.0.1"\nport = {port}\n'
+        f'repos-path = "{(workdir / "repos").as_posix()}"\n'
+        f'mirror-netloc = "127.0.0.1:{port}"\nmirror-lfs-netloc = "127.0.0.1:{port}"\n'
+        f'mirrors-path = ["{Path(root).resolve().as_posix()}"]\n'
+        "[accessibility]\noffline = true\n"
+    )
+    return cfg
+
+
+def start_server(root: Path | None = None, port: int | None = None, *, timeout: float = 60.0,
+                 log: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """Start olah over the local hub on 127.0.0.1; returns (process, endpoint) once it answers."""
+    import urllib.request
+
+    root = Path(root) if root else default_local_hub()
+    root.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    workdir = Path(tempfile.mkdtemp(prefix="icl-zoo-olah-"))
+    cfg = olah_config(root, port, workdir)
+    log_file = open(log or workdir / "olah.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "olah.server", "--config", str(cfg), "--log-path", str(workdir / "logs")],
+        cwd=workdir, stdout=log_file, stderr=subprocess.STDOUT,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise HubError(f"olah exited with code {proc.returncode}; log: {log_file.name}")
+        try:
+            urllib.request.urlopen(endpoint + "/api/models/zoo-health/check", timeout=1)
+            return proc, endpoint
+        except urllib.error.HTTPError:
+            return proc, endpoint  # it answered (404 for the unknown repo): up
+        except OSError:
+            time.sleep(0.2)
+    proc.terminate()
+    raise HubError(f"olah did not answer on {endpoint} within {timeout:.0f}s; log: {log_file.name}")
+
+
+@contextmanager
+def serve(root: Path | None = None, port: int | None = None):
+    """Context manager: the local hub served by olah; yields the endpoint URL."""
+    proc, endpoint = start_server(root, port)
+    try:
+        yield endpoint
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()

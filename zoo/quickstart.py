@@ -37,9 +37,39 @@ def run(out: Path, steps: int = 1500) -> dict:
 
     say(f"reloading {out / 'lsa-d10-c10'} (hashes and shapes verified)")
     again = zoo.load(out / "lsa-d10-c10")
+    from zoo.tasks.regression import gd_predict
+
     fresh = again.task.sample(4, seed=0)
     pred = again.model.predict(fresh.tokens).squeeze(-1)
-    for p, t in zip(pred.tolist(), fresh.targets.squeeze(-1).tolist()):
-        console.print(f"  fresh task: predicted {p:+.3f}, true {t:+.3f}")
-    console.print(f"[green]done[/] — checkpoints with model cards in {out}/")
+    gd = gd_predict(fresh, again.task.analytic_eta()).squeeze(-1)
+    for p, g, t in zip(pred.tolist(), gd.tolist(), fresh.targets.squeeze(-1).tolist()):
+        console.print(f"  fresh task: trained LSA {p:+.3f}   one GD step {g:+.3f}   (true y {t:+.3f})")
+
+    from zoo import hub
+    from zoo.card import write_card_and_figures
+    from zoo.tasks.frozen import load_split_from_hub
+
+    root = out / "local-hub"
+    say(f"publishing the frozen splits and the trained LSA to a local hub in {root} (zoo publish / publish-dataset)")
+    folder, hashes = hub.dataset_folder("linreg-d10-c10", out / "dataset-linreg-d10-c10")
+    ds_rev = hub.publish_local(folder, "icl-zoo/linreg-d10-c10", repo_type="dataset", root=root)
+    write_card_and_figures(again, out / "lsa-d10-c10", repo_id="icl-zoo/lsa-d10-c10",
+                           dataset_repo="icl-zoo/linreg-d10-c10", dataset_revision=ds_rev)
+    rev = hub.publish_local(out / "lsa-d10-c10", "icl-zoo/lsa-d10-c10", root=root)
+    console.print(f"  models/icl-zoo/lsa-d10-c10 @ {rev[:10]}, datasets/icl-zoo/linreg-d10-c10 @ {ds_rev[:10]}")
+
+    say("serving it with olah on loopback (zoo hub serve) and pulling back through huggingface_hub / datasets")
+    with hub.serve(root) as endpoint:
+        console.print(f"  HF_ENDPOINT={endpoint}")
+        pulled = zoo.load("icl-zoo/lsa-d10-c10", endpoint=endpoint)
+        same = all(a.equal(b) for a, b in zip(again.model.state_dict().values(), pulled.model.state_dict().values()))
+        split = load_split_from_hub("icl-zoo/linreg-d10-c10", split="test", endpoint=endpoint,
+                                    expected_sha256=hashes["test"]["sha256"])
+        from zoo.evaluate import evaluate
+
+        rescored = evaluate(pulled.model, pulled.task, split.batch(pulled.task))
+    console.print(f"  weights bit-identical: {same}; dataset hash verified: {split.sha256[:16]}…")
+    console.print(f"  re-scored test loss from the hub: {rescored['test_loss']:.6f} (saved: {m['test_loss']:.6f})")
+    summary["hub_roundtrip_identical"] = same and rescored["test_loss"] == m["test_loss"]
+    console.print(f"[green]done[/] — checkpoints with model cards in {out}/, local hub in {root}")
     return summary

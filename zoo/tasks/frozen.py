@@ -129,13 +129,21 @@ def load_split(task_name: str, split: str, *, rebuild: bool = False) -> FrozenSp
 
 def load_split_from_hub(repo_id: str, *, split: str = "test", revision: str | None = None,
                         expected_sha256: str | None = None, endpoint: str | None = None) -> FrozenSplit:
-    """A frozen split published as a Hub dataset repo, via `datasets.load_dataset`, hash-verified."""
+    """A frozen split published as a Hub dataset repo, loaded with `datasets.load_dataset`, hash-verified.
+
+    Without `endpoint`, `load_dataset(repo_id)` talks to HF_ENDPOINT as users expect. With one
+    (datasets fixes its endpoint at import time), the repo is fetched by `snapshot_download`
+    from that endpoint into the HF cache and `load_dataset` reads the snapshot.
+    """
     import datasets
 
-    kwargs = {}
+    _quiet_datasets()
+    source = repo_id
     if endpoint is not None:
-        kwargs["download_config"] = datasets.DownloadConfig(endpoint=endpoint)  # type: ignore[call-arg]
-    ds = datasets.load_dataset(repo_id, split=split, revision=revision, **kwargs)
+        from huggingface_hub import snapshot_download
+
+        source = snapshot_download(repo_id, repo_type="dataset", revision=revision, endpoint=endpoint)
+    ds = datasets.load_dataset(source, split=split, revision=None if endpoint else revision)
     x, y = _arrays(ds)
     name = f"{repo_id}@{revision or 'main'}/{split}"
     return FrozenSplit(name=name, x=x, y=y, sha256=verify(x, y, expected_sha256, name))

@@ -1,0 +1,149 @@
+"""Hub: publish to a local hub, serve it with olah, pull back with the ordinary clients;
+the real-Hub path checked at the HTTP boundary."""
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import zoo
+from zoo import hub
+from zoo.checkpoint import CheckpointError
+from zoo.evaluate import evaluate
+from zoo.tasks.frozen import DatasetHashMismatch, load_split_from_hub
+
+MODEL_REPO, DATASET_REPO = "icl-zoo-test/lsa-d10-c10", "icl-zoo-test/linreg-d10-c10"
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory):
+    """A trained checkpoint and its task's frozen splits on a local hub served by olah."""
+    tmp = tmp_path_factory.mktemp("hub")
+    ckpt = zoo.build("lsa-d10-c10", tmp / "ckpt", steps=20, device="cpu", progress=False)
+    root = tmp / "hub"
+    folder, hashes = hub.dataset_folder("linreg-d10-c10", tmp / "ds")
+    ds_rev = hub.publish_local(folder, DATASET_REPO, repo_type="dataset", root=root)
+    rev1 = hub.publish_local(tmp / "ckpt", MODEL_REPO, root=root)
+    proc, endpoint = hub.start_server(root)
+    yield {"ckpt": ckpt, "root": root, "endpoint": endpoint, "rev1": rev1, "ds_rev": ds_rev,
+           "hashes": hashes, "tmp": tmp}
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_local_hub_layout_and_history(published):
+    repo = published["root"] / "models" / "icl-zoo-test" / "lsa-d10-c10"
+    assert (repo / ".git").is_dir() and (repo / "model.safetensors").exists()
+    assert not (repo / ".train").exists(), "training state must never be published"
+    log = subprocess.run(["git", "log", "--format=%H", "main"], cwd=repo, capture_output=True, text=True).stdout.split()
+    assert log[0] == published["rev1"]
+
+
+def test_pull_through_olah_is_bit_identical_and_scores_the_same(published, tmp_path):
+    folder = hub.resolve_folder(MODEL_REPO, endpoint=published["endpoint"], cache_dir=tmp_path / "hf")
+    pulled = zoo.load(folder)
+    original = published["ckpt"]
+    for (k, a), (_, b) in zip(original.model.state_dict().items(), pulled.model.state_dict().items()):
+        assert torch.equal(a, b), k
+    split = load_split_from_hub(DATASET_REPO, split="test", endpoint=published["endpoint"],
+                                expected_sha256=published["hashes"]["test"]["sha256"])
+    metrics = evaluate(pulled.model, pulled.task, split.batch(pulled.task))
+    for key in ("test_loss", "gd_loss", "pred_l2_to_gd", "sensitivity_cosine"):
+        assert metrics[key] == original.metrics[key], key
+
+
+def test_cli_eval_with_hf_endpoint_uses_load_dataset(published, tmp_path):
+    """A user's view: HF_ENDPOINT set, `zoo eval ORG/NAME --dataset ORG/DS` through olah."""
+    env = {**os.environ, "HF_ENDPOINT": published["endpoint"], "HF_HOME": str(tmp_path / "hf")}
+    out = subprocess.run([sys.executable, "-m", "zoo.cli", "eval", MODEL_REPO, "--dataset", DATASET_REPO, "--json"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    metrics = json.loads(out.stdout)
+    assert metrics["test_loss"] == published["ckpt"].metrics["test_loss"]
+    assert metrics["dataset_sha256"] == published["hashes"]["test"]["sha256"]
+
+
+def test_tampered_revision_is_refused_and_old_revision_still_loads(published, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(published["tmp"] / "ckpt", bad, ignore=shutil.ignore_patterns(".train"))
+    weights = load_file(str(bad / "model.safetensors"))
+    weights["layers.0.w_v"][0, 0] += 0.5
+    save_file(weights, str(bad / "model.safetensors"))
+    rev2 = hub.publish_local(bad, MODEL_REPO, root=published["root"], message="tampered weights")
+    assert rev2 != published["rev1"]
+    ep = published["endpoint"]
+    with pytest.raises(CheckpointError, match="model.safetensors has SHA-256"):
+        zoo.load(hub.resolve_folder(MODEL_REPO, endpoint=ep, cache_dir=tmp_path / "hf"))
+    good = zoo.load(hub.resolve_folder(MODEL_REPO, revision=published["rev1"], endpoint=ep, cache_dir=tmp_path / "hf"))
+    assert good.metrics == published["ckpt"].metrics
+    # put the good revision back on main for the other tests
+    hub.publish_local(published["tmp"] / "ckpt", MODEL_REPO, root=published["root"], message="revert")
+
+
+def test_dataset_with_wrong_expected_hash_is_refused(published):
+    with pytest.raises(DatasetHashMismatch):
+        load_split_from_hub(DATASET_REPO, split="test", endpoint=published["endpoint"],
+                            expected_sha256=published["hashes"]["validation"]["sha256"])
+
+
+@pytest.mark.parametrize("bad", ["../etc", "org/..", "org/../x", "a/b/c", "org", "/abs/path", "org/.hidden", "o rg/x"])
+def test_repo_ids_cannot_escape_the_local_hub(bad, tmp_path):
+    with pytest.raises(hub.HubError, match="invalid repo id"):
+        hub.publish_local(tmp_path, bad, root=tmp_path / "hub")
+
+
+# ---------------------------------------------------------------- the real Hub, at the HTTP boundary
+class FakeHub:
+    """An httpx transport answering the Hub API calls `publish_hub` makes, recording them."""
+
+    def __init__(self):
+        self.calls = []
+        self.committed = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        self.calls.append((request.method, request.url.host, path, request.headers.get("authorization")))
+        if path == "/api/repos/create":
+            body = json.loads(request.content)
+            return httpx.Response(200, json={"url": f"https://hub.test/{body['organization']}/{body['name']}"})
+        if path == "/api/validate-yaml":
+            return httpx.Response(200, json={"errors": [], "warnings": []})
+        if path.endswith("/preupload/main"):
+            files = json.loads(request.content)["files"]
+            return httpx.Response(200, json={"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]})
+        if path.endswith("/commit/main"):
+            for line in request.content.decode().splitlines():
+                item = json.loads(line)
+                if item["key"] == "file":
+                    self.committed.append((item["value"]["path"], base64.b64decode(item["value"]["content"])))
+            return httpx.Response(200, json={"commitUrl": "https://hub.test/c/" + "b" * 40, "commitOid": "b" * 40})
+        return httpx.Response(404, json={"error": f"unexpected call {path}"})
+
+
+def test_publish_to_real_hub_makes_the_right_calls(published, monkeypatch):
+    from huggingface_hub import close_session, set_client_factory
+
+    fake = FakeHub()
+    set_client_factory(lambda: httpx.Client(transport=httpx.MockTransport(fake)))
+    try:
+        sha = hub.publish(published["tmp"] / "ckpt", "some-org/lsa", hub="https://hub.test", token="hf_test_token")
+    finally:
+        set_client_factory(lambda: httpx.Client())
+        close_session()
+    assert sha == "b" * 40
+    paths = [c[2] for c in fake.calls if c[2] != "/api/agent-harnesses"]
+    assert paths[0] == "/api/repos/create"
+    assert paths[-1] == "/api/models/some-org/lsa/commit/main"
+    assert all(c[1] == "hub.test" for c in fake.calls), "endpoint= must be honoured"
+    assert all(c[3] == "Bearer hf_test_token" for c in fake.calls if c[2] != "/api/agent-harnesses")
+    committed = dict(fake.committed)
+    assert set(committed) >= {"config.json", "model.safetensors", "README.md", "eval_results.json"}
+    assert not any(p.startswith(".train") for p in committed)
+    assert committed["model.safetensors"] == (published["tmp"] / "ckpt" / "model.safetensors").read_bytes()
