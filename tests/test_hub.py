@@ -128,15 +128,16 @@ class FakeHub:
 
 
 def test_publish_to_real_hub_makes_the_right_calls(published, monkeypatch):
-    from huggingface_hub import close_session, set_client_factory
+    from huggingface_hub import set_client_factory
+    from huggingface_hub.utils import _http
 
     fake = FakeHub()
+    previous = _http._GLOBAL_CLIENT_FACTORY  # restored after: later tests use the real client (redirects etc.)
     set_client_factory(lambda: httpx.Client(transport=httpx.MockTransport(fake)))
     try:
         sha = hub.publish(published["tmp"] / "ckpt", "some-org/lsa", hub="https://hub.test", token="hf_test_token")
     finally:
-        set_client_factory(lambda: httpx.Client())
-        close_session()
+        set_client_factory(previous)
     assert sha == "b" * 40
     paths = [c[2] for c in fake.calls if c[2] != "/api/agent-harnesses"]
     assert paths[0] == "/api/repos/create"
@@ -147,3 +148,20 @@ def test_publish_to_real_hub_makes_the_right_calls(published, monkeypatch):
     assert set(committed) >= {"config.json", "model.safetensors", "README.md", "eval_results.json"}
     assert not any(p.startswith(".train") for p in committed)
     assert committed["model.safetensors"] == (published["tmp"] / "ckpt" / "model.safetensors").read_bytes()
+
+
+def test_stream_a_hub_repo_with_onnx(published, tmp_path, monkeypatch):
+    from export import StreamingSession
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    session = StreamingSession(MODEL_REPO, endpoint=published["endpoint"])
+    task = published["ckpt"].task
+    b = task.sample(3, seed=2)
+    session.reset(3)
+    out = session.push(b.tokens.numpy())
+    with torch.no_grad():
+        ref = published["ckpt"].model(b.tokens)
+    np_ref = ref.numpy()
+    assert abs(out - np_ref).max() < 1e-5
+    card = (published["tmp"] / "ckpt" / "README.md").read_text()
+    assert "StreamingSession" in card

@@ -158,6 +158,41 @@ def cmd_pull(args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- export / stream
+def cmd_export(args) -> int:
+    import zoo
+
+    ckpt = zoo.load(args.path, revision=args.revision, endpoint=args.endpoint)
+    local = Path(args.path).is_dir()
+    out = Path(args.out) if args.out else (Path(args.path) if local else Path("exported") / ckpt.entry.name)
+    ckpt.save_pretrained(out)  # weights, ONNX graphs, hashes in config.json, card
+    written = sorted(p.name for p in out.glob("*.onnx"))
+    print(f"exported {ckpt.entry.name} → {out}: {', '.join(written)}")
+    return 0
+
+
+def cmd_stream(args) -> int:
+    import numpy as np
+    from tqdm.auto import tqdm
+
+    from export import StreamingSession
+    from export.token_io import read_tokens, write_outputs
+
+    session = StreamingSession(args.path, revision=args.revision, endpoint=args.endpoint)
+    tokens = read_tokens(args.input)
+    session.reset(tokens.shape[0])
+    chunks = []
+    with tqdm(total=tokens.shape[1], unit="tok", desc="stream", disable=tokens.shape[1] < 10_000 or args.quiet,
+              file=sys.stderr) as bar:
+        for start in range(0, tokens.shape[1], 1000):
+            chunk = session.push(tokens[:, start : start + 1000])
+            chunks.append(chunk)
+            bar.update(chunk.shape[1])
+    outputs = np.concatenate(chunks, axis=1)
+    write_outputs(outputs if args.raw else session.predict(outputs), args.output)
+    return 0
+
+
 def cmd_quickstart(args) -> int:
     from zoo.quickstart import run
 
@@ -236,6 +271,23 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--dir", help="local hub directory")
     s.add_argument("--port", type=int, help="default: a free port")
     s.set_defaults(fn=cmd_hub_serve)
+
+    s = sub.add_parser("export", help="write model_step.onnx / model.onnx for a checkpoint (folder or repo)")
+    s.add_argument("path")
+    s.add_argument("--out", help="output folder (default: the checkpoint folder itself)")
+    s.add_argument("--revision")
+    s.add_argument("--endpoint")
+    s.set_defaults(fn=cmd_export)
+
+    s = sub.add_parser("stream", help="stream tokens through the ONNX step graph with constant memory")
+    s.add_argument("path", help="checkpoint folder, model_step.onnx or ORG/NAME")
+    s.add_argument("--input", required=True, help="tokens: .npy (T,d) or (B,T,d), .csv (one token per row), JSON lines, or - for stdin")
+    s.add_argument("--output", help=".npy or .csv (default: CSV on stdout)")
+    s.add_argument("--raw", action="store_true", help="write the full outputs instead of the task read-out")
+    s.add_argument("--revision")
+    s.add_argument("--endpoint")
+    s.add_argument("--quiet", action="store_true")
+    s.set_defaults(fn=cmd_stream)
 
     s = sub.add_parser("quickstart", help="the zoo end to end on CPU in a few minutes")
     s.add_argument("--out", default="quickstart-out")

@@ -1,0 +1,131 @@
+"""ONNX export of zoo models: a step graph for streaming and a sequence graph for batches.
+
+Step graph  (token (B, d_in), state_in.<i>.<name> ...) -> (out (B, d_out), state_out.<i>.<name> ...)
+Sequence    (tokens (B, T, d_in)) -> (out (B, T, d_out))
+
+fp32, opset 18, exported with the dynamo exporter (`dynamo=True`, explicit), batch (and T for
+the sequence graph) the only dynamic axes; export traces with batch 2 so no axis is
+specialised to 1. The state layout, entry and read-out go into the model's metadata_props, so
+a runtime needs nothing but the .onnx file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import warnings
+from pathlib import Path
+
+import onnx
+import torch
+
+OPSET = 18
+STEP_FILE = "model_step.onnx"
+SEQUENCE_FILE = "model.onnx"
+EXPORT_BATCH = 2
+
+
+def state_io_names(model) -> tuple[list[str], list[str]]:
+    names = model.state_names()
+    return [f"state_in.{n}" for n in names], [f"state_out.{n}" for n in names]
+
+
+class _StepGraph(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, token, *state):
+        out, new_state = self.model.step(token, tuple(state))
+        return (out, *new_state)
+
+
+class _SequenceGraph(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens):
+        return self.model(tokens)
+
+
+def _export(module, args, path: Path, input_names, output_names, dynamic_shapes) -> None:
+    # The exporter reports progress on stdout and warns about unrelated registries; keep both
+    # out of the user's terminal. Real failures still raise.
+    onnx_logger = logging.getLogger("torch.onnx")
+    level = onnx_logger.level
+    onnx_logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                module, args, str(path), dynamo=True, opset_version=OPSET, input_names=input_names,
+                output_names=output_names, dynamic_shapes=dynamic_shapes, verbose=False, external_data=False,
+            )
+    finally:
+        onnx_logger.setLevel(level)
+
+
+def _metadata(path: Path, props: dict) -> None:
+    m = onnx.load(str(path))
+    for key, value in props.items():
+        entry = m.metadata_props.add()
+        entry.key = f"icl_zoo.{key}"
+        entry.value = value if isinstance(value, str) else json.dumps(value)
+    onnx.checker.check_model(m, full_check=True)
+    onnx.save(m, str(path))
+
+
+def _common_metadata(model, entry_name: str) -> dict:
+    r = model.readout
+    return {
+        "entry": entry_name,
+        "d_in": model.d_in,
+        "d_out": model.d_out,
+        "readout": {"position": r.position, "start": r.start, "stop": r.stop, "sign": r.sign},
+    }
+
+
+@torch.no_grad()
+def export_step(model, path: Path, *, entry_name: str = "") -> Path:
+    """Write the step graph of a recurrent model (fp32) with its state layout in the metadata."""
+    model = _fp32_copy(model)
+    state = model.init_state(EXPORT_BATCH)
+    token = torch.zeros(EXPORT_BATCH, model.d_in)
+    in_names, out_names = state_io_names(model)
+    batch = torch.export.Dim("batch", min=1)
+    dyn = ({0: batch}, tuple({0: batch} for _ in state))  # (token, *state): state arrives as one tuple
+    _export(_StepGraph(model), (token, *state), path, ["token", *in_names], ["out", *out_names], dyn)
+    layout = [{"input": i, "output": o, "shape": ["batch", *s.shape[1:]], "dtype": "float32"}
+              for i, o, s in zip(in_names, out_names, state)]
+    _metadata(path, {**_common_metadata(model, entry_name), "graph": "step", "state_layout": layout})
+    return path
+
+
+@torch.no_grad()
+def export_sequence(model, path: Path, *, entry_name: str = "", seq_len: int = 8) -> Path:
+    """Write the whole-sequence graph (B, T, d_in) -> (B, T, d_out)."""
+    model = _fp32_copy(model)
+    tokens = torch.zeros(EXPORT_BATCH, seq_len, model.d_in)
+    dyn = ({0: torch.export.Dim("batch", min=1), 1: torch.export.Dim("time", min=2)},)
+    _export(_SequenceGraph(model), (tokens,), path, ["tokens"], ["out"], dyn)
+    _metadata(path, {**_common_metadata(model, entry_name), "graph": "sequence"})
+    return path
+
+
+def _fp32_copy(model):
+    import copy
+
+    return copy.deepcopy(model).float().cpu().eval()
+
+
+def export_checkpoint_graphs(ckpt, folder: Path) -> list[Path]:
+    """The ONNX files of a checkpoint folder: model.onnx always, model_step.onnx when recurrent."""
+    folder = Path(folder)
+    written = [export_sequence(ckpt.model, folder / SEQUENCE_FILE, entry_name=ckpt.entry.name,
+                               seq_len=ckpt.task_spec.n_context + 1)]
+    if getattr(ckpt.model, "recurrent", False):
+        written.append(export_step(ckpt.model, folder / STEP_FILE, entry_name=ckpt.entry.name))
+    return written

@@ -1,0 +1,140 @@
+"""Constant-memory streaming over an exported step graph with ONNX Runtime.
+
+    session = StreamingSession("ckpt/lsa")        # folder, .onnx file or Hub repo id
+    session.reset(batch=4)
+    out = session.push(tokens)                    # (4, d_in) -> (4, d_out); (4, T, d_in) -> (4, T, d_out)
+
+The state lives between calls and has the fixed shapes recorded in the graph's metadata, so
+memory does not grow with the stream. With onnxruntime-gpu, the session runs on CUDA and
+keeps the state on the device with IOBinding (only tokens go in and outputs come out).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from export.onnx_export import STEP_FILE
+
+
+class StreamError(ValueError):
+    """A token or state does not fit the graph."""
+
+
+def _resolve(path_or_repo: str | Path, revision: str | None, endpoint: str | None) -> Path:
+    p = Path(path_or_repo)
+    if p.is_file():
+        return p
+    if p.is_dir():
+        folder = p
+    else:
+        from zoo.checkpoint import read_checkpoint
+        from zoo.hub import resolve_folder
+
+        folder = resolve_folder(str(path_or_repo), revision=revision, endpoint=endpoint)
+        read_checkpoint(folder)  # verifies every recorded hash, the ONNX files included
+    step = folder / STEP_FILE
+    if not step.exists():
+        raise FileNotFoundError(f"{folder} has no {STEP_FILE}: the model is not recurrent or was not exported (zoo export)")
+    return step
+
+
+class StreamingSession:
+    def __init__(self, path_or_repo: str | Path, *, providers: list[str] | None = None,
+                 revision: str | None = None, endpoint: str | None = None, threads: int | None = None):
+        self.path = _resolve(path_or_repo, revision, endpoint)
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+        available = ort.get_available_providers()
+        providers = providers or [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+        self.session = ort.InferenceSession(str(self.path), options, providers=providers)
+        meta = self.session.get_modelmeta().custom_metadata_map
+        if meta.get("icl_zoo.graph") != "step":
+            raise StreamError(f"{self.path} is not an icl-zoo step graph (metadata icl_zoo.graph={meta.get('icl_zoo.graph')!r})")
+        self.d_in = int(meta["icl_zoo.d_in"])
+        self.d_out = int(meta["icl_zoo.d_out"])
+        self.readout = json.loads(meta["icl_zoo.readout"])
+        self.entry = meta.get("icl_zoo.entry", "")
+        self.layout = json.loads(meta["icl_zoo.state_layout"])
+        self.on_gpu = self.session.get_providers()[0] == "CUDAExecutionProvider"
+        self.batch = 0
+        self.steps = 0
+        self.reset(1)
+
+    # ------------------------------------------------------------------ state
+    def state_shapes(self, batch: int) -> dict[str, tuple[int, ...]]:
+        return {s["input"]: (batch, *s["shape"][1:]) for s in self.layout}
+
+    def reset(self, batch: int = 1) -> None:
+        """Zero state for `batch` independent streams."""
+        if batch < 1:
+            raise StreamError(f"batch must be ≥ 1, got {batch}")
+        self.batch, self.steps = batch, 0
+        self._set({name: np.zeros(shape, np.float32) for name, shape in self.state_shapes(batch).items()})
+
+    def _set(self, state: dict[str, np.ndarray]) -> None:
+        self._state = state
+        if self.on_gpu:  # state and a spare buffer of the same shapes stay on the device; steps swap them
+            self._state = {k: ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0) for k, v in state.items()}
+            self._spare = {k: ort.OrtValue.ortvalue_from_numpy(np.zeros_like(v), "cuda", 0) for k, v in state.items()}
+
+    @property
+    def state(self) -> dict[str, np.ndarray]:
+        return {k: (v.numpy() if isinstance(v, ort.OrtValue) else v) for k, v in self._state.items()}
+
+    def set_state(self, state: dict[str, np.ndarray]) -> None:
+        """Replace the state (e.g. a saved one); names and shapes must match the graph."""
+        expected = self.state_shapes(self.batch)
+        if set(state) != set(expected):
+            raise StreamError(f"state names {sorted(state)} do not match the graph's {sorted(expected)}")
+        for name, value in state.items():
+            if tuple(np.shape(value)) != expected[name]:
+                raise StreamError(f"state '{name}' has shape {tuple(np.shape(value))}, expected {expected[name]}")
+        self._set({k: np.ascontiguousarray(v, np.float32) for k, v in state.items()})
+
+    # ------------------------------------------------------------------ stepping
+    def push(self, tokens) -> np.ndarray:
+        """Feed (B, d_in) for one step or (B, T, d_in) for T steps; returns the outputs."""
+        tokens = np.asarray(tokens, dtype=np.float32)
+        single = tokens.ndim == 2
+        if single:
+            tokens = tokens[:, None, :]
+        if tokens.ndim != 3:
+            raise StreamError(f"tokens must be (B, d_in) or (B, T, d_in), got shape {tokens.shape}")
+        if tokens.shape[2] != self.d_in:
+            raise StreamError(f"token width {tokens.shape[2]} does not match the model's d_in = {self.d_in}")
+        if tokens.shape[0] != self.batch:
+            raise StreamError(f"batch {tokens.shape[0]} does not match the session's {self.batch}; call reset(batch={tokens.shape[0]})")
+        outs = np.empty((self.batch, tokens.shape[1], self.d_out), np.float32)
+        step = self._step_gpu if self.on_gpu else self._step_cpu
+        for t in range(tokens.shape[1]):
+            outs[:, t] = step(np.ascontiguousarray(tokens[:, t]))
+        self.steps += tokens.shape[1]
+        return outs[:, 0] if single else outs
+
+    def predict(self, outputs: np.ndarray) -> np.ndarray:
+        """The task read-out of step outputs (…, d_out) -> (…, d_y): sign · out[start:stop]."""
+        r = self.readout
+        return r["sign"] * outputs[..., r["start"] : r["stop"]]
+
+    def _step_cpu(self, token: np.ndarray) -> np.ndarray:
+        feeds = {"token": token, **self._state}
+        results = self.session.run(None, feeds)
+        self._state = {s["input"]: results[i + 1] for i, s in enumerate(self.layout)}
+        return results[0]
+
+    def _step_gpu(self, token: np.ndarray) -> np.ndarray:
+        binding = self.session.io_binding()
+        binding.bind_cpu_input("token", token)
+        for name, value in self._state.items():
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_output("out", "cpu")
+        for s in self.layout:
+            binding.bind_ortvalue_output(s["output"], self._spare[s["input"]])
+        self.session.run_with_iobinding(binding)
+        self._state, self._spare = self._spare, self._state
+        return binding.copy_outputs_to_cpu()[0]

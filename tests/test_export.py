@@ -1,0 +1,145 @@
+"""ONNX export and streaming: parity with PyTorch for every entry, constant memory, clear errors."""
+
+import gc
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from export import StreamError, StreamingSession, export_sequence, export_step
+from export.token_io import read_tokens
+from zoo.constructions import construct
+from zoo.models import create_model
+from zoo.registry import get_task_spec, list_entries
+
+STREAM_LEN = 1000
+ENTRIES = list_entries()
+RECURRENT = [e for e in ENTRIES if e.arch.type == "lsa" and e.arch.attention != "context"]
+
+
+def model_for(entry):
+    """The entry's model: constructed weights, or the seeded random init of a trained entry."""
+    task = get_task_spec(entry.task).build()
+    torch.manual_seed(0)
+    model = create_model(entry.arch, task)
+    if entry.source.kind == "constructed":
+        batch = task.sample(2000, seed=5, dtype=torch.float64)
+        construct(entry, model, task, batch)
+    return model.eval(), task
+
+
+def stream_tokens(task, length, batch=2):
+    """Task tokens over a long stream. The LSA output is cubic in the tokens and sums over the
+    whole stream, so inputs are scaled by (C/T)^(1/3) to keep outputs O(1) and atol meaningful."""
+    n = -(-length // task.seq_len)
+    b = task.sample(batch * n, seed=9)
+    tokens = b.tokens.reshape(batch, n * task.seq_len, -1)[:, :length]
+    return tokens * (task.n_context / length) ** (1 / 3)
+
+
+def assert_parity(got: np.ndarray, ref: torch.Tensor):
+    ref = ref.detach().numpy()
+    err = got.astype(np.float64) - ref
+    rel_rms = np.sqrt((err**2).mean() / (ref**2).mean())
+    assert np.abs(err).max() < 1e-5, np.abs(err).max()
+    assert rel_rms < 1e-5, rel_rms
+    assert np.abs(ref).max() > 0.1, "the reference must not be trivially small"
+
+
+@pytest.mark.parametrize("entry", RECURRENT, ids=lambda e: e.name)
+def test_onnx_step_stream_equals_pytorch_forward(entry, tmp_path):
+    model, task = model_for(entry)
+    path = export_step(model, tmp_path / "model_step.onnx", entry_name=entry.name)
+    tokens = stream_tokens(task, STREAM_LEN)
+    session = StreamingSession(path)
+    session.reset(tokens.shape[0])
+    got = np.concatenate([session.push(tokens[:, i : i + 250].numpy()) for i in range(0, STREAM_LEN, 250)], axis=1)
+    with torch.no_grad():
+        ref = model.double()(tokens.double())  # ground truth in float64
+    assert_parity(got, ref)
+    assert session.steps == STREAM_LEN
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
+def test_onnx_sequence_graph_equals_pytorch(entry, tmp_path):
+    model, task = model_for(entry)
+    path = export_sequence(model, tmp_path / "model.onnx", entry_name=entry.name)
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    meta = sess.get_modelmeta().custom_metadata_map
+    assert meta["icl_zoo.graph"] == "sequence" and json.loads(meta["icl_zoo.d_in"]) == task.token_dim
+    b = task.sample(64, seed=3)  # another batch size than the export's
+    (got,) = sess.run(None, {"tokens": b.tokens.numpy()})
+    with torch.no_grad():
+        ref = model.double()(b.tokens.double())
+    assert_parity(got, ref)
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    entry = next(e for e in RECURRENT if e.name == "lsa-gd-zucchet-icl")
+    model, task = model_for(entry)
+    path = export_step(model, tmp_path_factory.mktemp("onnx") / "model_step.onnx", entry_name=entry.name)
+    return StreamingSession(path)
+
+
+def test_step_graph_metadata_and_names(session):
+    assert session.entry == "lsa-gd-zucchet-icl"
+    assert [s["input"] for s in session.layout] == ["state_in.0.kv"]
+    assert [s["output"] for s in session.layout] == ["state_out.0.kv"]
+    names = [i.name for i in session.session.get_inputs()]
+    assert names == ["token", "state_in.0.kv"]
+    assert session.session.get_inputs()[0].shape[0] == "batch"
+
+
+def test_bad_tokens_and_state_are_clear_errors(session):
+    session.reset(2)
+    with pytest.raises(StreamError, match="token width 5 does not match the model's d_in = 6"):
+        session.push(np.zeros((2, 5), np.float32))
+    with pytest.raises(StreamError, match=r"batch 3 does not match the session's 2; call reset\(batch=3\)"):
+        session.push(np.zeros((3, 6), np.float32))
+    with pytest.raises(StreamError, match=r"state 'state_in.0.kv' has shape \(2, 5, 5\), expected \(2, 6, 6\)"):
+        session.set_state({"state_in.0.kv": np.zeros((2, 5, 5), np.float32)})
+    with pytest.raises(StreamError, match="do not match the graph's"):
+        session.set_state({"kv": np.zeros((2, 6, 6), np.float32)})
+
+
+def test_state_carries_between_pushes(session):
+    tokens = np.random.default_rng(0).uniform(-1, 1, (2, 40, 6)).astype(np.float32)
+    session.reset(2)
+    whole = session.push(tokens)
+    session.reset(2)
+    parts = np.concatenate([session.push(tokens[:, :13]), session.push(tokens[:, 13:])], axis=1)
+    np.testing.assert_array_equal(whole, parts)
+
+
+def test_memory_does_not_grow_with_the_stream(session):
+    import psutil
+
+    proc = psutil.Process()
+    rng = np.random.default_rng(0)
+    tokens = (rng.uniform(-1, 1, (1, 10_000, 6)) * 0.05).astype(np.float32)
+    session.reset(1)
+    rss = {}
+    for block in range(10):  # 100 000 tokens, one step at a time
+        session.push(tokens)
+        if block in (0, 9):
+            gc.collect()
+            rss[(block + 1) * 10_000] = proc.memory_info().rss
+    growth = rss[100_000] - rss[10_000]
+    assert session.steps == 100_000
+    assert growth < 2 * 2**20, f"RSS grew by {growth / 2**20:.2f} MiB between 10k and 100k tokens"
+
+
+def test_read_tokens_formats(tmp_path):
+    arr = np.arange(12, dtype=np.float32).reshape(4, 3)
+    np.save(tmp_path / "t.npy", arr)
+    np.savetxt(tmp_path / "t.csv", arr, delimiter=",")
+    (tmp_path / "t.jsonl").write_text("\n".join(json.dumps(r) for r in arr.tolist()))
+    for name in ("t.npy", "t.csv", "t.jsonl"):
+        np.testing.assert_array_equal(read_tokens(str(tmp_path / name)), arr[None])
+    (tmp_path / "bad.jsonl").write_text("[1, 2]\nnot json\n")
+    with pytest.raises(ValueError, match="expected JSON lines"):
+        read_tokens(str(tmp_path / "bad.jsonl"))
