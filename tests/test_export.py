@@ -15,7 +15,7 @@ from zoo.registry import get_task_spec, list_entries
 
 STREAM_LEN = 1000
 ENTRIES = list_entries()
-RECURRENT = [e for e in ENTRIES if e.arch.type == "lsa" and e.arch.attention != "context"]
+RECURRENT = [e for e in ENTRIES if e.arch.type != "lsa" or e.arch.attention != "context"]
 
 
 def model_for(entry):
@@ -29,20 +29,38 @@ def model_for(entry):
     return model.eval(), task
 
 
-def stream_tokens(task, length, batch=2):
-    """Task tokens over a long stream. The LSA output is cubic in the tokens and sums over the
-    whole stream, so inputs are scaled by (C/T)^(1/3) to keep outputs O(1) and atol meaningful."""
+def stream_tokens(model, task, length, batch=2):
+    """Task tokens over a long stream, and the float64 reference outputs.
+
+    Attention-like outputs are polynomials (degree 3–4) of the tokens summed over the whole
+    stream, so the tokens are halved until the reference is O(1) (max |y| ≤ 4), at most 20
+    times: a randomly initialised RNN has an input-independent part (the appended 1) that
+    scaling cannot shrink, and `assert_parity` scales atol by the output magnitude then."""
     n = -(-length // task.seq_len)
     b = task.sample(batch * n, seed=9)
     tokens = b.tokens.reshape(batch, n * task.seq_len, -1)[:, :length]
-    return tokens * (task.n_context / length) ** (1 / 3)
+    reference = model_double(model)
+    with torch.no_grad():
+        for _ in range(20):
+            ref = reference(tokens.double())
+            if ref.abs().max() <= 4:
+                break
+            tokens = tokens / 2
+    return tokens, ref
+
+
+def model_double(model):
+    import copy
+
+    return copy.deepcopy(model).double()
 
 
 def assert_parity(got: np.ndarray, ref: torch.Tensor):
     ref = ref.detach().numpy()
     err = got.astype(np.float64) - ref
     rel_rms = np.sqrt((err**2).mean() / (ref**2).mean())
-    assert np.abs(err).max() < 1e-5, np.abs(err).max()
+    scale = max(1.0, float(np.abs(ref).max()))  # fp32 keeps ~7 digits of the largest output
+    assert np.abs(err).max() < 1e-5 * scale, (np.abs(err).max(), scale)
     assert rel_rms < 1e-5, rel_rms
     assert np.abs(ref).max() > 0.1, "the reference must not be trivially small"
 
@@ -51,12 +69,10 @@ def assert_parity(got: np.ndarray, ref: torch.Tensor):
 def test_onnx_step_stream_equals_pytorch_forward(entry, tmp_path):
     model, task = model_for(entry)
     path = export_step(model, tmp_path / "model_step.onnx", entry_name=entry.name)
-    tokens = stream_tokens(task, STREAM_LEN)
+    tokens, ref = stream_tokens(model, task, STREAM_LEN)  # ref: PyTorch forward in float64
     session = StreamingSession(path)
     session.reset(tokens.shape[0])
     got = np.concatenate([session.push(tokens[:, i : i + 250].numpy()) for i in range(0, STREAM_LEN, 250)], axis=1)
-    with torch.no_grad():
-        ref = model.double()(tokens.double())  # ground truth in float64
     assert_parity(got, ref)
     assert session.steps == STREAM_LEN
 

@@ -34,7 +34,8 @@ def test_every_entry_builds_a_model(name):
 def test_list_and_filter():
     assert {e.name for e in zoo.list_entries(source="constructed")} >= {"lsa-gd-d10-c10", "lsa-gd-zucchet-icl"}
     assert all(e.source.kind == "trained" for e in zoo.list_entries(source="trained"))
-    assert [e.name for e in zoo.list_entries("zucchet")] == ["lsa-gd-zucchet-icl"]
+    assert [e.name for e in zoo.list_entries("zucchet", arch_type="lsa")] == ["lsa-gd-zucchet-icl"]
+    assert {e.name for e in zoo.list_entries(arch_type="gated_rnn", source="constructed")} >= {"gated-rnn-gd-zucchet-icl"}
 
 
 def test_unknown_entry_is_a_clear_error():
@@ -82,7 +83,7 @@ source = { kind = "constructed", construction = "gd" }
 
 def test_bad_task_field_and_bad_toml(tmp_path):
     write(tmp_path, GOOD_TASK.replace("d_x = 2", "d_x = -2"))
-    with pytest.raises(RegistryError, match="fam.toml: task 't': field 'd_x'"):
+    with pytest.raises(RegistryError, match="fam.toml: task 't': field 'linear_regression.d_x'"):
         load_registry(tmp_path)
     write(tmp_path, "[tasks.t\n", name="fam.toml")
     with pytest.raises(RegistryError, match="fam.toml: not valid TOML"):

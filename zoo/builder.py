@@ -55,7 +55,7 @@ def build(
         prov = provenance(seed=seed, steps=result.steps, device=str(dev), dataset_hashes=hashes)
 
     metrics = evaluate(model, task, test.batch(task))
-    if construction:
+    if construction and "eta" in construction:
         metrics["construction_eta"] = construction["eta"]
     ckpt = Checkpoint(model=model, entry=entry, task_spec=spec, provenance=prov,
                       construction=construction, metrics=metrics, history=history)

@@ -15,6 +15,9 @@ METRIC_NAMES = {
     "pred_l2_to_gd": "L2 prediction gap to θ_GD",
     "sensitivity_l2_to_gd": "L2 sensitivity gap to θ_GD",
     "sensitivity_cosine": "Sensitivity cosine to θ_GD",
+    "polynomial_distance": "Polynomial distance to the teacher",
+    "kv_score": "KV score (1 − R²)",
+    "q_score": "Q score (1 − R²)",
 }
 
 
@@ -70,6 +73,12 @@ def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
     if entry.arch.type == "lsa":
         plots.weight_matrices(plots.lsa_matrices(ckpt.model), folder / "weights.png", title=f"{entry.name}: weight products")
         figures.append({"file": "weights.png", "alt": "W_K^T W_Q and W_P W_V of every layer"})
+    elif entry.arch.type == "gated_rnn" and entry.arch.recurrence == "diagonal":
+        from zoo.analysis.rnn import gated_rnn_matrices
+
+        plots.weight_matrices(gated_rnn_matrices(ckpt.model), folder / "weights.png",
+                              title=f"{entry.name}: pruned weights, neurons sorted by λ (cf. Zucchet Fig. 2.A)")
+        figures.append({"file": "weights.png", "alt": "gating weights, λ and readout of the pruned network"})
 
     src = entry.source
     if src.kind == "constructed":

@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 
 import zoo
 from zoo.models import create_model
-from zoo.registry import Entry, TaskSpec
+from zoo.registry import TASK_ADAPTER, Entry, TaskSpec
 
 FORMAT = "icl-zoo-checkpoint/1"
 WEIGHTS = "model.safetensors"
@@ -152,7 +152,7 @@ def read_checkpoint(folder: Path, map_location: str | torch.device = "cpu") -> C
 
     try:
         entry = Entry.model_validate(config["entry"])
-        task_spec = TaskSpec.model_validate(config["task"])
+        task_spec = TASK_ADAPTER.validate_python(config["task"])
     except (ValidationError, KeyError) as e:
         raise CheckpointError(f"{config_path}: entry/task not understood by icl-zoo {zoo.__version__}:\n{e}") from None
 

@@ -1,5 +1,6 @@
 """Evaluation on a frozen split: the model's loss beside θ_GD and least squares, and the
-blogpost's three alignment metrics against θ_GD (one GD step at the analytic η*):
+blogpost's three alignment metrics against θ_GD (and, for teacher–student tasks, Zucchet
+et al.'s polynomial distance and KV/Q scores) (one GD step at the analytic η*):
 
     pred_l2_to_gd         mean_n ‖f(θ; e_n) − f(θ_GD; e_n)‖²
     sensitivity_l2_to_gd  mean_n ‖∂f(θ)/∂x_q − ∂f(θ_GD)/∂x_q‖²_F      (autograd)
@@ -8,10 +9,16 @@ blogpost's three alignment metrics against θ_GD (one GD step at the analytic η
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
+from zoo.analysis.polynomial import coefficients, polynomial_distance, prediction_map, regression_coefficient_table
+from zoo.analysis.rnn import kv_q_scores
 from zoo.constructions.gd import construct_gd_lsa
+from zoo.models.gated_rnn import GatedLinearRNN
 from zoo.models.lsa import LinearSelfAttention
+from zoo.tasks.teacher import LSATeacherTask
 from zoo.tasks.regression import LinearRegressionTask, TaskBatch, gd_predict, least_squares_predict
 
 CHUNK = 2500  # tasks per autograd pass: bounds memory on 10 000-task splits
@@ -37,8 +44,41 @@ def predictions_and_sensitivities(model, tokens: torch.Tensor, d_x: int) -> tupl
     return torch.cat(preds), torch.cat(sens)
 
 
-def evaluate(model, task: LinearRegressionTask, batch: TaskBatch, *, eta: float | None = None) -> dict[str, float]:
-    """All metrics of `model` on `batch` (a frozen split), computed in the model's dtype."""
+def evaluate(model, task, batch, *, eta: float | None = None) -> dict:
+    """All metrics of `model` on `batch` (a frozen split of `task`)."""
+    if isinstance(task, LSATeacherTask):
+        return evaluate_teacher_student(model, task, batch)
+    metrics = evaluate_regression(model, task, batch, eta=eta)
+    if has_polynomial_map(model):
+        # Table 2: the instantaneous polynomial of the first output unit vs one GD step
+        metrics["polynomial"] = regression_coefficient_table(copy.deepcopy(model), task.d_x, task.d_y)
+    return metrics
+
+
+def has_polynomial_map(model) -> bool:
+    if isinstance(model, LinearSelfAttention):
+        return len(model.layers) == 1 and model.loops == 1
+    return hasattr(model, "instantaneous")
+
+
+def evaluate_teacher_student(model, task: LSATeacherTask, batch) -> dict:
+    """Loss, and how the student's instantaneous polynomial matches the teacher's (Table 1)."""
+    model.eval()
+    param = next(model.parameters())
+    with torch.no_grad():
+        pred = model.predict(batch.tokens.to(param))
+    metrics = {"test_loss": task.loss(pred, batch.targets.to(pred)).item(), "n_tasks": int(batch.tokens.shape[0])}
+    if has_polynomial_map(model):
+        student, _ = coefficients(prediction_map(copy.deepcopy(model)), task.d)
+        teacher, _ = coefficients(prediction_map(task.teacher()), task.d)
+        metrics["polynomial_distance"] = polynomial_distance(student, teacher)
+    if isinstance(model, GatedLinearRNN) and model.recurrence == "diagonal":
+        metrics.update(kv_q_scores(copy.deepcopy(model), task.teacher_weights()))
+    return metrics
+
+
+def evaluate_regression(model, task: LinearRegressionTask, batch: TaskBatch, *, eta: float | None = None) -> dict:
+    """The blogpost's metrics against θ_GD, computed in the model's dtype."""
     eta = task.analytic_eta() if eta is None else eta
     model.eval()
     param = next(model.parameters())

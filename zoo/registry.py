@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 ENTRIES_DIR = Path(__file__).parent / "entries"
 KEBAB = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
@@ -56,7 +56,29 @@ class LinearRegressionSpec(Strict):
         )
 
 
-TaskSpec = LinearRegressionSpec
+class LSATeacherSpec(Strict):
+    kind: Literal["lsa_teacher"]
+    description: str = ""
+    paper: str = ""
+    d: int = Field(gt=0)  # token and output dimension
+    seq_len: int = Field(32, gt=0)  # sequence length (every position is a target)
+    teacher_seed: int = 0  # seed of the teacher's W_V, W_K, W_Q
+    x_std: float = Field(1.0, gt=0)  # x_t ~ N(0, x_std² I)
+    w_std: float = Field(0.5, gt=0)  # teacher weights ~ N(0, w_std²)
+    splits: dict[Literal["validation", "test"], SplitSpec]
+
+    @property
+    def n_context(self) -> int:
+        return self.seq_len - 1
+
+    def build(self):
+        from zoo.tasks.teacher import LSATeacherTask
+
+        return LSATeacherTask(d=self.d, seq_len=self.seq_len, teacher_seed=self.teacher_seed,
+                              x_std=self.x_std, w_std=self.w_std)
+
+
+TaskSpec = Annotated[Union[LinearRegressionSpec, LSATeacherSpec], Field(discriminator="kind")]
 
 
 # ---------------------------------------------------------------------------- architectures
@@ -67,9 +89,19 @@ class LSAArch(Strict):
     loops: int = Field(1, ge=1)  # apply the layer stack K times (looped LSA)
     damping: float = Field(1.0, ge=0)  # λ scaling every update (looped LSA needs ≈0.7–0.75)
     init_std: float = Field(0.02, gt=0)  # N(0, init_std²) for every weight
+    residual: bool = True  # e ← e + update (von Oswald); False: e ← update (Zucchet Eq. 1)
 
 
-Arch = Annotated[Union[LSAArch], Field(discriminator="type")]
+class GatedRNNArch(Strict):
+    type: Literal["gated_rnn"]
+    hidden: int = Field(80, gt=0)  # recurrent neurons |h|
+    gates: int | None = Field(None, gt=0)  # output-gating neurons (default: hidden)
+    recurrence: Literal["diagonal", "dense"] = "diagonal"  # Eq. 2, or the dense variant of Fig. 4
+    init_std: float | None = Field(None, gt=0)  # default: 1/sqrt(fan-in)
+    lambda_range: tuple[float, float] = (0.0, 1.0)  # initial λ ~ U(range) (diagonal)
+
+
+Arch = Annotated[Union[LSAArch, GatedRNNArch], Field(discriminator="type")]
 
 
 # ---------------------------------------------------------------------------- sources
@@ -92,7 +124,9 @@ class TrainRecipe(Strict):
 
 class Construction(Strict):
     kind: Literal["constructed"]
-    construction: Literal["gd"]  # θ_GD (constructions/gd.py)
+    construction: Literal["gd", "rnn_from_lsa"]  # θ_GD (constructions/gd.py); gated RNN ⇐ LSA (rnn_from_lsa.py)
+    lsa: Literal["gd", "teacher"] = "gd"  # rnn_from_lsa: which LSA to implement (θ_GD or the task's teacher)
+    compact: bool = False  # rnn_from_lsa: d(d+1)/2 key-value neurons instead of d²
     eta: float | Literal["analytic", "line_search"] = "analytic"  # GD rate (sum convention); "analytic": Zucchet C.2 (1 step); "line_search": best on the validation split for this many steps
 
 
@@ -123,6 +157,9 @@ class Entry(Strict):
         return v
 
 
+TASK_ADAPTER = TypeAdapter(TaskSpec)
+
+
 class Registry:
     def __init__(self, tasks: dict[str, TaskSpec], entries: dict[str, Entry]):
         self.tasks = tasks
@@ -139,6 +176,26 @@ class Registry:
         if name not in self.tasks:
             raise RegistryError(f"unknown task {name!r}; known: {', '.join(sorted(self.tasks))}")
         return self.tasks[name]
+
+
+def construction_problem(entry: Entry, task: TaskSpec) -> str | None:
+    """Why an entry's construction cannot apply to its arch/task (None when it can)."""
+    c = entry.source
+    if c.construction == "gd":
+        if entry.arch.type != "lsa" or task.kind != "linear_regression":
+            return "'gd' needs arch type 'lsa' on a linear_regression task"
+    elif c.construction == "rnn_from_lsa":
+        if entry.arch.type != "gated_rnn" or entry.arch.recurrence != "diagonal":
+            return "'rnn_from_lsa' needs arch type 'gated_rnn' with diagonal recurrence"
+        if c.lsa == "teacher" and task.kind != "lsa_teacher":
+            return "lsa = 'teacher' needs an lsa_teacher task"
+        if c.lsa == "gd" and task.kind != "linear_regression":
+            return "lsa = 'gd' needs a linear_regression task"
+        d = task.d if task.kind == "lsa_teacher" else task.d_x + task.d_y
+        hidden = (d * (d + 1) // 2 if c.compact else d * d) + d
+        if entry.arch.hidden != hidden or (entry.arch.gates or entry.arch.hidden) != d * d:
+            return f"the {'compact' if c.compact else 'full'} construction for d={d} needs hidden = {hidden} and gates = {d * d}"
+    return None
 
 
 def _format_errors(file: Path, kind: str, name: str, err: ValidationError) -> str:
@@ -167,7 +224,7 @@ def load_registry(directory: Path = ENTRIES_DIR) -> Registry:
                 errors.append(f"{file.name}: task '{name}': duplicate name")
                 continue
             try:
-                tasks[name] = TaskSpec.model_validate(raw)
+                tasks[name] = TASK_ADAPTER.validate_python(raw)
             except ValidationError as e:
                 errors.append(_format_errors(file, "task", name, e))
         for name, raw in doc.get("models", {}).items():
@@ -181,6 +238,10 @@ def load_registry(directory: Path = ENTRIES_DIR) -> Registry:
     for entry in entries.values():
         if entry.task not in tasks:
             errors.append(f"{entry.file}: entry '{entry.name}': field 'task': unknown task {entry.task!r}")
+        elif entry.source.kind == "constructed":
+            problem = construction_problem(entry, tasks[entry.task])
+            if problem:
+                errors.append(f"{entry.file}: entry '{entry.name}': field 'source.construction': {problem}")
     if errors:
         raise RegistryError("invalid zoo registry:\n" + "\n".join(errors))
     return Registry(tasks, entries)

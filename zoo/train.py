@@ -50,7 +50,13 @@ def lr_factor(step: int, recipe, total_steps: int) -> float:
 
 
 def make_optimizer(model: torch.nn.Module, recipe) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=tuple(recipe.betas), weight_decay=recipe.weight_decay)
+    """AdamW; parameters a model lists in `no_weight_decay()` (recurrent λ's ν) are not decayed."""
+    exempt = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
+    decay = [p for n, p in model.named_parameters() if n not in exempt]
+    groups = [{"params": decay}]
+    if exempt:
+        groups.append({"params": [p for n, p in model.named_parameters() if n in exempt], "weight_decay": 0.0})
+    return torch.optim.AdamW(groups, lr=recipe.lr, betas=tuple(recipe.betas), weight_decay=recipe.weight_decay)
 
 
 # ---------------------------------------------------------------- resumable state

@@ -41,7 +41,7 @@ def weight_matrices(matrices: dict[str, torch.Tensor], path: Path, *, title: str
     for ax, (name, m) in zip(axes.flat, matrices.items()):
         m = m.detach().double().cpu()
         lim = float(m.abs().max()) or 1.0
-        im = ax.imshow(m.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim)
+        im = ax.imshow(m.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto" if min(m.shape) < 3 else "equal")
         ax.set_title(name, fontsize=8)
         ax.set_xticks([])
         ax.set_yticks([])

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import torch
+
 from zoo.constructions.gd import construct_gd_lsa, gd_lsa_weights
+from zoo.constructions.rnn_from_lsa import lsa_weights, rnn_from_lsa
+from zoo.models.lsa import LinearSelfAttention
 from zoo.tasks.regression import gd_predict, line_search_eta
 
 
@@ -23,15 +27,33 @@ def resolve_eta(source, task, n_steps: int, validation_batch=None) -> float:
 
 
 def construct(entry, model, task, validation_batch=None):
-    """Set `model`'s weights to the entry's construction; returns the hyper-parameters used."""
-    if entry.source.construction == "gd":
-        if entry.arch.type != "lsa":
-            raise ValueError(f"{entry.file}: entry '{entry.name}': construction 'gd' needs arch type 'lsa'")
+    """Set `model`'s weights to the entry's construction (registry.construction_problem has
+    checked that it applies); returns the hyper-parameters used."""
+    source = entry.source
+    if source.construction == "gd":
         n_steps = entry.arch.n_layers * entry.arch.loops
-        eta = resolve_eta(entry.source, task, n_steps, validation_batch)
+        eta = resolve_eta(source, task, n_steps, validation_batch)
         construct_gd_lsa(model, task.d_x, eta / entry.arch.damping)
         return {"eta": eta, "gd_steps": n_steps}
-    raise ValueError(f"unknown construction {entry.source.construction!r}")
+    if source.construction == "rnn_from_lsa":
+        info = {"lsa": source.lsa, "compact": source.compact}
+        if source.lsa == "teacher":
+            lsa = task.teacher()
+        else:
+            eta = resolve_eta(source, task, 1, validation_batch)
+            lsa = LinearSelfAttention(task.token_dim, task.readout, attention="causal", residual=False).double()
+            construct_gd_lsa(lsa, task.d_x, eta)
+            info["eta"] = eta
+        rnn = rnn_from_lsa(*lsa_weights(lsa), task.readout, compact=source.compact)
+        load_weights_exact(model, rnn)
+        return info
+    raise ValueError(f"unknown construction {source.construction!r}")
 
 
-__all__ = ["construct", "construct_gd_lsa", "gd_lsa_weights", "resolve_eta"]
+@torch.no_grad()
+def load_weights_exact(model, source) -> None:
+    for name, value in source.state_dict().items():
+        model.get_parameter(name).copy_(value)
+
+
+__all__ = ["construct", "construct_gd_lsa", "gd_lsa_weights", "resolve_eta", "rnn_from_lsa", "lsa_weights"]

@@ -5,7 +5,8 @@ One layer, single head, no softmax, no normalisation, residual:
     k_s = W_K e_s,  q_t = W_Q e_t,  v_s = W_V e_s
     e_t ← e_t + λ · W_P Σ_{s ∈ S(t)} v_s (k_sᵀ q_t)                                  (1)
 
-with λ = 1 except in the looped model (one layer applied K times, dampening λ).
+with λ = 1 except in the looped model (one layer applied K times, dampening λ). Without the
+residual (`residual=False`, Zucchet et al.'s Eq. 1 with W_P folded into W_V) e_t is replaced.
 The key set S(t) is the `attention` mode:
     "causal"         S(t) = {s ≤ t}       Zucchet et al.'s LSA (the one gated RNNs implement)
     "strict_causal"  S(t) = {s < t}       von Oswald et al. for one layer: the query is never a key
@@ -65,6 +66,7 @@ class LinearSelfAttention(ZooModel):
         loops: int = 1,
         damping: float = 1.0,
         init_std: float = 0.02,
+        residual: bool = True,
     ):
         super().__init__(d_in=d, d_out=d, readout=readout)
         if attention not in ATTENTION_MODES:
@@ -73,6 +75,7 @@ class LinearSelfAttention(ZooModel):
         self.loops = loops
         self.damping = damping
         self.recurrent = attention != "context"
+        self.residual = residual
         self.layers = nn.ModuleList(LSALayer(d, init_std) for _ in range(n_layers))
 
     def _mask(self, T: int, like: torch.Tensor) -> torch.Tensor:
@@ -95,8 +98,17 @@ class LinearSelfAttention(ZooModel):
         e = tokens  # (B, T, d)
         mask = self._mask(e.shape[1], e)
         for layer in self._applied_layers():
-            e = e + self.damping * layer.attend(e, mask)
+            update = self.damping * layer.attend(e, mask)
+            e = e + update if self.residual else update
         return e
+
+    def instantaneous(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer's polynomial kernel W_P (W_V x)(W_K x)ᵀ(W_Q x) for single tokens x (…, d)."""
+        if len(self.layers) != 1 or self.loops != 1:
+            raise ValueError("the instantaneous polynomial is defined for one LSA layer")
+        layer = self.layers[0]
+        q, k, v = x @ layer.w_q.T, x @ layer.w_k.T, x @ layer.w_v.T
+        return ((k * q).sum(-1, keepdim=True) * v) @ layer.w_p.T
 
     # ---------------------------------------------------------------- recurrence
     def state_names(self) -> list[str]:
@@ -114,7 +126,7 @@ class LinearSelfAttention(ZooModel):
         e, new_state = token, []
         for layer, kv in zip(self._applied_layers(), state):
             delta, kv = layer.step(e, kv, strict)
-            e = e + self.damping * delta
+            e = e + self.damping * delta if self.residual else self.damping * delta
             new_state.append(kv)
         return e, tuple(new_state)
 

@@ -33,12 +33,14 @@ import torch
 class Readout:
     """Where and how a model's output becomes the task prediction."""
 
-    position: int  # token index of the query (−1: last)
+    position: int | None  # token index of the query (−1: last); None: every position
     start: int  # first output channel holding the prediction
     stop: int  # one past the last channel
     sign: float  # the θ_GD construction writes −ŷ, so the zoo reads −out
 
     def __call__(self, out: torch.Tensor) -> torch.Tensor:
+        if self.position is None:
+            return self.sign * out[..., self.start : self.stop]  # (B, T, d_y)
         return self.sign * out[:, self.position, self.start : self.stop]  # (B, d_y)
 
 

@@ -1,0 +1,143 @@
+"""Gated linear RNNs (Zucchet et al.): equations, scans, constructions, analyses."""
+
+import pytest
+import torch
+
+from zoo.analysis.polynomial import (
+    coefficients, monomials, polynomial_distance, prediction_map, regression_coefficient_table,
+)
+from zoo.analysis.rnn import active_neurons, kv_q_scores, prune
+from zoo.constructions import construct_gd_lsa
+from zoo.constructions.rnn_from_lsa import lsa_weights, rnn_from_lsa
+from zoo.models.gated_rnn import GatedLinearRNN
+from zoo.models.lsa import LinearSelfAttention
+from zoo.models.scan import parallel_scan, sequential_scan
+from zoo.tasks.regression import LinearRegressionTask, Readout
+from zoo.tasks.teacher import LSATeacherTask
+
+READOUT = Readout(position=None, start=0, stop=5, sign=1.0)
+torch.set_default_dtype(torch.float32)
+
+
+def random_lsa(d, seed, invertible=True):
+    g = torch.Generator().manual_seed(seed)
+    lsa = LinearSelfAttention(d, READOUT, attention="causal", residual=False).double()
+    with torch.no_grad():
+        for name in ("w_q", "w_k", "w_v", "w_p"):
+            getattr(lsa.layers[0], name).copy_(torch.randn(d, d, generator=g, dtype=torch.float64) / d**0.5)
+    return lsa
+
+
+@pytest.mark.parametrize("T", [1, 2, 7, 16, 33])
+def test_parallel_scan_equals_sequential(T):
+    g = torch.Generator().manual_seed(T)
+    a = torch.rand(3, T, 5, generator=g, dtype=torch.float64)
+    b = torch.randn(3, T, 5, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(parallel_scan(a, b), sequential_scan(a, b), rtol=1e-12, atol=1e-12)
+    # and against the definition h_t = Σ_{s≤t} (Π_{s<r≤t} a_r) b_s
+    t = T - 1
+    expected = sum(torch.prod(a[:, s + 1 : t + 1], dim=1) * b[:, s] for s in range(T))
+    torch.testing.assert_close(parallel_scan(a, b)[:, t], expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("recurrence", ["diagonal", "dense"])
+def test_forward_equals_iterated_step_and_eq2(recurrence):
+    torch.manual_seed(0)
+    rnn = GatedLinearRNN(5, 5, READOUT, hidden=12, gates=9, recurrence=recurrence).double()
+    x = torch.randn(4, 20, 5, dtype=torch.float64)
+    full = rnn(x)
+    state, outs = rnn.init_state(4), []
+    for t in range(20):
+        out, state = rnn.step(x[:, t], state)
+        outs.append(out)
+    torch.testing.assert_close(torch.stack(outs, 1), full, rtol=1e-10, atol=1e-10)
+    if recurrence == "diagonal":
+        torch.testing.assert_close(rnn(x, parallel=False), full, rtol=1e-10, atol=1e-10)
+        # Eq. 2 written out for the last step
+        x1 = torch.cat([x, torch.ones_like(x[..., :1])], -1)
+        u = (x1 @ rnn.w_m_in.T) * (x1 @ rnn.w_x_in.T)
+        lam = torch.exp(-torch.exp(rnn.nu))
+        h = sum(lam ** (19 - s) * u[:, s] for s in range(20))
+        y = ((h @ rnn.w_m_out.T) * (h @ rnn.w_x_out.T)) @ rnn.readout_matrix.T
+        torch.testing.assert_close(full[:, -1], y, rtol=1e-10, atol=1e-10)
+        assert ((lam >= 0) & (lam <= 1)).all()
+
+
+@pytest.mark.parametrize("compact", [False, True])
+@pytest.mark.parametrize("d,seed", [(3, 0), (4, 1), (6, 2)])
+def test_constructed_rnn_reproduces_random_lsa(compact, d, seed):
+    lsa = random_lsa(d, seed)
+    rnn = rnn_from_lsa(*lsa_weights(lsa), READOUT, compact=compact)
+    assert rnn.hidden == (d * (d + 1) // 2 if compact else d * d) + d
+    x = torch.randn(8, 40, d, generator=torch.Generator().manual_seed(seed + 10), dtype=torch.float64)
+    ref = lsa(x)
+    assert ref.abs().max() > 1
+    torch.testing.assert_close(rnn(x), ref, rtol=0, atol=1e-10)
+    ca, _ = coefficients(prediction_map(rnn), d)
+    cb, _ = coefficients(prediction_map(lsa), d)
+    assert polynomial_distance(ca, cb) < 1e-10
+
+
+def test_compact_construction_needs_invertible_values():
+    lsa = random_lsa(3, 0)
+    with torch.no_grad():
+        lsa.layers[0].w_v[2] = lsa.layers[0].w_v[0]
+    with pytest.raises(ValueError, match="invertible W_V"):
+        rnn_from_lsa(*lsa_weights(lsa), READOUT, compact=True)
+
+
+def test_rnn_that_does_gd_on_zucchet_task():
+    task = LinearRegressionTask(d_x=3, d_y=3, n_context=12, x_scale=3**0.5, w_std=(1 / 3) ** 0.5)
+    lsa = LinearSelfAttention(6, task.readout, attention="causal", residual=False).double()
+    construct_gd_lsa(lsa, 3, task.analytic_eta())
+    rnn = rnn_from_lsa(*lsa_weights(lsa), task.readout)
+    b = task.sample(500, seed=4, dtype=torch.float64)
+    from zoo.tasks.regression import gd_predict
+
+    torch.testing.assert_close(rnn.predict(b.tokens), gd_predict(b, task.analytic_eta()), rtol=0, atol=1e-10)
+
+
+def test_table2_gd_column():
+    """θ_GD on the Zucchet task: x_i² y_1 coefficients = η* = 1/14.8 = 6.76e-2, nothing else."""
+    task = LinearRegressionTask(d_x=3, d_y=3, n_context=12, x_scale=3**0.5, w_std=(1 / 3) ** 0.5)
+    lsa = LinearSelfAttention(6, task.readout, attention="causal", residual=False)
+    construct_gd_lsa(lsa, 3, task.analytic_eta())
+    table = regression_coefficient_table(lsa, 3, 3)
+    for term in ("x1^2 y1", "x2^2 y1", "x3^2 y1"):
+        assert table[term] == pytest.approx(1 / 14.8, rel=1e-6)
+        assert round(table[term], 4) == 0.0676
+    assert table["residual norm"] < 1e-10
+
+
+def test_polynomial_fit_is_exact_on_a_known_polynomial():
+    exps = monomials(2, 4)
+    assert len(exps) == 15
+    coef, exps = coefficients(lambda x: (3 * x[:, :1] ** 2 * x[:, 1:] - x[:, 1:] ** 4 + 0.5), 2)
+    expected = torch.zeros(15, 1, dtype=torch.float64)
+    expected[exps.index((2, 1))] = 3
+    expected[exps.index((0, 4))] = -1
+    expected[exps.index((0, 0))] = 0.5
+    torch.testing.assert_close(coef, expected, rtol=0, atol=1e-10)
+
+
+def test_kv_q_scores_and_pruning():
+    task = LSATeacherTask(d=4, teacher_seed=4, x_std=0.4)
+    lsa = task.teacher()
+    rnn = rnn_from_lsa(*lsa_weights(lsa), task.readout)
+    scores = kv_q_scores(rnn, task.teacher_weights())
+    assert scores["kv_score"] < 1e-10 and scores["q_score"] < 1e-10
+    assert (scores["memory_neurons"], scores["forget_neurons"]) == (16, 4)
+    # pad the construction with dead neurons: pruning removes exactly them and keeps the function
+    big = GatedLinearRNN(4, 4, task.readout, hidden=30, gates=25).double()
+    with torch.no_grad():
+        for p in big.parameters():
+            p.zero_()
+        big.w_m_in[:20], big.w_x_in[:20], big.nu[:20] = rnn.w_m_in, rnn.w_x_in, rnn.nu
+        big.w_m_out[:16, :20], big.w_x_out[:16, :20], big.readout_matrix[:, :16] = rnn.w_m_out, rnn.w_x_out, rnn.readout_matrix
+        big.w_m_in[25:] = 1.0  # fed but never read: prunable too
+    hidden, gates = active_neurons(big)
+    assert int(hidden.sum()) == 20 and int(gates.sum()) == 16
+    small = prune(big)
+    x = torch.randn(3, 32, 4, dtype=torch.float64)
+    torch.testing.assert_close(small(x), big(x), rtol=0, atol=1e-12)
+    assert kv_q_scores(big, task.teacher_weights())["prunable_neurons"] == 10

@@ -1,0 +1,84 @@
+"""Reverse-engineering gated RNNs (Zucchet et al. section 3): which neurons remember (λ ≈ 1),
+which forget (λ ≈ 0), whether they linearly encode key-values and queries (KV / Q scores),
+and which neurons can be pruned without changing the function."""
+
+from __future__ import annotations
+
+import torch
+
+from zoo.models.gated_rnn import GatedLinearRNN
+
+
+def r2_score(features: torch.Tensor, targets: torch.Tensor) -> float:
+    """R² of the least-squares linear regression (with intercept) of targets on features,
+    uniformly averaged over target columns (sklearn's default)."""
+    phi = torch.cat([features, torch.ones_like(features[:, :1])], dim=1)
+    sol = torch.linalg.lstsq(phi, targets, driver="gelsd").solution
+    resid = targets - phi @ sol
+    ss_res = (resid**2).sum(0)
+    ss_tot = ((targets - targets.mean(0)) ** 2).sum(0).clamp_min(1e-300)
+    return float((1 - ss_res / ss_tot).mean())
+
+
+def active_neurons(rnn: GatedLinearRNN, tol: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masks of hidden neurons and gates that can influence the output.
+
+    A hidden neuron is dead if its input gating rows are zero (it never receives input) or
+    its columns in both output gating matrices are zero (nothing reads it); a gate is dead if
+    either of its rows is zero or D never reads it."""
+    with torch.no_grad():
+        feeds = (rnn.w_m_in.abs().amax(1) > tol) & (rnn.w_x_in.abs().amax(1) > tol)
+        read = (rnn.w_m_out.abs().amax(0) > tol) | (rnn.w_x_out.abs().amax(0) > tol)
+        hidden = feeds & read
+        gates = (rnn.w_m_out[:, hidden].abs().amax(1) > tol) & (rnn.w_x_out[:, hidden].abs().amax(1) > tol) \
+            & (rnn.readout_matrix.abs().amax(0) > tol)
+    return hidden, gates
+
+
+@torch.no_grad()
+def prune(rnn: GatedLinearRNN, tol: float = 1e-6) -> GatedLinearRNN:
+    """An equivalent smaller RNN without the neurons `active_neurons` finds dead."""
+    hidden, gates = active_neurons(rnn, tol)
+    small = GatedLinearRNN(rnn.d_in, rnn.d_out, rnn.readout, hidden=int(hidden.sum()), gates=int(gates.sum()))
+    small = small.to(rnn.w_m_in.dtype)
+    small.w_m_in.copy_(rnn.w_m_in[hidden])
+    small.w_x_in.copy_(rnn.w_x_in[hidden])
+    small.nu.copy_(rnn.nu[hidden])
+    small.w_m_out.copy_(rnn.w_m_out[gates][:, hidden])
+    small.w_x_out.copy_(rnn.w_x_out[gates][:, hidden])
+    small.readout_matrix.copy_(rnn.readout_matrix[:, gates])
+    return small
+
+
+@torch.no_grad()
+def kv_q_scores(rnn: GatedLinearRNN, lsa_weights: dict[str, torch.Tensor], *, n: int = 4096, eps: float = 1e-2,
+                seed: int = 0) -> dict[str, float]:
+    """Table 1's scores: 1 − R² of predicting key-values v kᵀ from the inputs of the active
+    λ≈1 neurons, and queries W_Q x from the active λ≈0 neurons."""
+    rnn = rnn.double()
+    hidden, _ = active_neurons(rnn)
+    lam = rnn.lam()
+    memory, forget = hidden & (lam > 1 - eps), hidden & (lam < eps)
+    x = torch.randn(n, rnn.d_in, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    u = rnn.input_gate(x)
+    w_v, w_k, w_q = (lsa_weights[k].double() for k in ("w_v", "w_k", "w_q"))
+    kv = ((x @ w_v.T).unsqueeze(2) * (x @ w_k.T).unsqueeze(1)).flatten(1)
+    q = x @ w_q.T
+    return {
+        "kv_score": 1 - r2_score(u[:, memory], kv) if memory.any() else 1.0,
+        "q_score": 1 - r2_score(u[:, forget], q) if forget.any() else 1.0,
+        "memory_neurons": int(memory.sum()),
+        "forget_neurons": int(forget.sum()),
+        "prunable_neurons": int((~hidden).sum()),
+        "prunable_gates": int((~active_neurons(rnn)[1]).sum()),
+    }
+
+
+def gated_rnn_matrices(rnn: GatedLinearRNN) -> dict[str, torch.Tensor]:
+    """Figure 2.A: the weights of the pruned network, hidden neurons sorted by λ."""
+    small = prune(rnn)
+    order = torch.argsort(small.lam(), descending=True)
+    return {
+        "W_m^in": small.w_m_in[order], "W_x^in": small.w_x_in[order], "λ": small.lam()[order].unsqueeze(1),
+        "W_m^out": small.w_m_out[:, order], "W_x^out": small.w_x_out[:, order], "D": small.readout_matrix,
+    }

@@ -1,0 +1,91 @@
+"""Teacher–student (Zucchet et al. section 3): a student mimics a random linear self-attention
+layer, output at every position, each sequence seen once.
+
+    x_t ~ N(0, x_std² I_d),  W_V, W_K, W_Q ~ N(0, w_std²) (fixed by `teacher_seed`)
+    y_t = Σ_{t' ≤ t} (W_V x_t')(W_K x_t')ᵀ (W_Q x_t)        (causal LSA, Eq. 1, no residual)
+    loss = ½ · mean over sequences, positions and coordinates of (ŷ_t − y_t)²
+
+The paper does not state the input and teacher distributions; these defaults keep y_t O(1)
+over 32 steps and are declared in the registry entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from zoo.tasks.regression import Readout
+
+
+@dataclass
+class SequenceBatch:
+    tokens: torch.Tensor  # (B, T, d)
+    targets: torch.Tensor  # (B, T, d)
+
+    @property
+    def x(self) -> torch.Tensor:
+        return self.tokens
+
+    @property
+    def y(self) -> torch.Tensor:
+        return self.targets
+
+
+@dataclass(frozen=True)
+class LSATeacherTask:
+    d: int
+    seq_len: int = 32
+    teacher_seed: int = 0
+    x_std: float = 1.0
+    w_std: float = 0.5
+
+    @property
+    def token_dim(self) -> int:
+        return self.d
+
+    @property
+    def d_out(self) -> int:
+        return self.d
+
+    @property
+    def readout(self) -> Readout:
+        return Readout(position=None, start=0, stop=self.d, sign=1.0)
+
+    def teacher_weights(self, dtype=torch.float64) -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(self.teacher_seed)
+        w = {name: torch.randn(self.d, self.d, generator=g, dtype=torch.float64) * self.w_std for name in ("w_v", "w_k", "w_q")}
+        return {k: v.to(dtype) for k, v in w.items()}
+
+    def teacher(self, dtype=torch.float64):
+        """The teacher as a zoo LSA module (causal, no residual, W_P = I)."""
+        from zoo.models.lsa import LinearSelfAttention
+
+        model = LinearSelfAttention(self.d, self.readout, attention="causal", residual=False).to(dtype)
+        with torch.no_grad():
+            layer = model.layers[0]
+            for name, value in self.teacher_weights(dtype).items():
+                getattr(layer, name).copy_(value)
+            layer.w_p.copy_(torch.eye(self.d, dtype=dtype))
+        return model.requires_grad_(False)
+
+    def sample(self, n: int, seed: int | None = None, *, generator: torch.Generator | None = None,
+               device=None, dtype: torch.dtype = torch.float32, **_) -> SequenceBatch:
+        if (seed is None) == (generator is None):
+            raise ValueError("give exactly one of seed= or generator=")
+        if generator is None:
+            generator = torch.Generator(device=device or "cpu").manual_seed(seed)
+        x = torch.randn((n, self.seq_len, self.d), generator=generator, device=generator.device, dtype=dtype) * self.x_std
+        teacher = self.teacher(dtype).to(x.device)
+        with torch.no_grad():
+            y = teacher(x)
+        return SequenceBatch(tokens=x, targets=y)
+
+    def batch_from_arrays(self, x: torch.Tensor, y: torch.Tensor) -> SequenceBatch:
+        if x.shape[1:] != (self.seq_len, self.d) or y.shape != x.shape:
+            raise ValueError(f"expected x and y of shape (N, {self.seq_len}, {self.d}), got {tuple(x.shape)} and {tuple(y.shape)}")
+        return SequenceBatch(tokens=x, targets=y)
+
+    @staticmethod
+    def loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return 0.5 * ((pred - target) ** 2).mean()
