@@ -16,7 +16,6 @@ from zoo.tasks.regression import LinearRegressionTask, Readout
 from zoo.tasks.teacher import LSATeacherTask
 
 READOUT = Readout(position=None, start=0, stop=5, sign=1.0)
-torch.set_default_dtype(torch.float32)
 
 
 def random_lsa(d, seed, invertible=True):

@@ -8,6 +8,7 @@ exact up to rounding), then compare models coefficient by coefficient.
 
 from __future__ import annotations
 
+import copy
 import itertools
 
 import torch
@@ -48,9 +49,11 @@ def coefficients(fn, d: int, max_degree: int = 4, seed: int = 0) -> tuple[torch.
 
 
 def prediction_map(model):
-    """x ↦ the task read-out of the model's instantaneous processing (no residual path)."""
+    """x ↦ the task read-out of the model's instantaneous processing (no residual path), in
+    float64 on a copy (the caller's model keeps its dtype)."""
     r = model.readout
-    return lambda x: r.sign * model.double().instantaneous(x)[..., r.start : r.stop]
+    model = copy.deepcopy(model).double()
+    return lambda x: r.sign * model.instantaneous(x)[..., r.start : r.stop]
 
 
 def polynomial_distance(coef_a: torch.Tensor, coef_b: torch.Tensor) -> float:

@@ -4,6 +4,8 @@ and which neurons can be pruned without changing the function."""
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from zoo.models.gated_rnn import GatedLinearRNN
@@ -55,7 +57,7 @@ def kv_q_scores(rnn: GatedLinearRNN, lsa_weights: dict[str, torch.Tensor], *, n:
                 seed: int = 0) -> dict[str, float]:
     """Table 1's scores: 1 − R² of predicting key-values v kᵀ from the inputs of the active
     λ≈1 neurons, and queries W_Q x from the active λ≈0 neurons."""
-    rnn = rnn.double()
+    rnn = copy.deepcopy(rnn).double()
     hidden, _ = active_neurons(rnn)
     lam = rnn.lam()
     memory, forget = hidden & (lam > 1 - eps), hidden & (lam < eps)

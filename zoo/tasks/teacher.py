@@ -11,6 +11,7 @@ over 32 steps and are declared in the registry entry.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -58,16 +59,8 @@ class LSATeacherTask:
         return {k: v.to(dtype) for k, v in w.items()}
 
     def teacher(self, dtype=torch.float64):
-        """The teacher as a zoo LSA module (causal, no residual, W_P = I)."""
-        from zoo.models.lsa import LinearSelfAttention
-
-        model = LinearSelfAttention(self.d, self.readout, attention="causal", residual=False).to(dtype)
-        with torch.no_grad():
-            layer = model.layers[0]
-            for name, value in self.teacher_weights(dtype).items():
-                getattr(layer, name).copy_(value)
-            layer.w_p.copy_(torch.eye(self.d, dtype=dtype))
-        return model.requires_grad_(False)
+        """The teacher as a zoo LSA module (causal, no residual, W_P = I); built once per dtype."""
+        return _teacher_module(self, dtype)
 
     def sample(self, n: int, seed: int | None = None, *, generator: torch.Generator | None = None,
                device=None, dtype: torch.dtype = torch.float32, **_) -> SequenceBatch:
@@ -76,9 +69,8 @@ class LSATeacherTask:
         if generator is None:
             generator = torch.Generator(device=device or "cpu").manual_seed(seed)
         x = torch.randn((n, self.seq_len, self.d), generator=generator, device=generator.device, dtype=dtype) * self.x_std
-        teacher = self.teacher(dtype).to(x.device)
         with torch.no_grad():
-            y = teacher(x)
+            y = self.teacher(dtype).to(x.device)(x)
         return SequenceBatch(tokens=x, targets=y)
 
     def batch_from_arrays(self, x: torch.Tensor, y: torch.Tensor) -> SequenceBatch:
@@ -89,3 +81,16 @@ class LSATeacherTask:
     @staticmethod
     def loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return 0.5 * ((pred - target) ** 2).mean()
+
+
+@functools.lru_cache(maxsize=16)
+def _teacher_module(task: LSATeacherTask, dtype: torch.dtype):
+    from zoo.models.lsa import LinearSelfAttention
+
+    model = LinearSelfAttention(task.d, task.readout, attention="causal", residual=False).to(dtype)
+    with torch.no_grad():
+        layer = model.layers[0]
+        for name, value in task.teacher_weights(dtype).items():
+            getattr(layer, name).copy_(value)
+        layer.w_p.copy_(torch.eye(task.d, dtype=dtype))
+    return model.requires_grad_(False)
