@@ -21,6 +21,8 @@ from pathlib import Path
 import onnx
 import torch
 
+from zoo.models.scan import EXPORT_MAX_LEN
+
 OPSET = 18
 STEP_FILE = "model_step.onnx"
 SEQUENCE_FILE = "model.onnx"
@@ -106,12 +108,17 @@ def export_step(model, path: Path, *, entry_name: str = "") -> Path:
 
 @torch.no_grad()
 def export_sequence(model, path: Path, *, entry_name: str = "", seq_len: int = 8) -> Path:
-    """Write the whole-sequence graph (B, T, d_in) -> (B, T, d_out)."""
+    """Write the whole-sequence graph (B, T, d_in) -> (B, T, d_out). T is symbolic up to
+    EXPORT_MAX_LEN (the scans' doublings), except for models whose fused kernels fix it
+    (`dynamic_time = False`): then T = `seq_len`. The metadata's `time` records which."""
     model = _fp32_copy(model)
     tokens = torch.zeros(EXPORT_BATCH, seq_len, model.d_in)
-    dyn = ({0: torch.export.Dim("batch", min=1), 1: torch.export.Dim("time", min=2)},)
-    _export(_SequenceGraph(model), (tokens,), path, ["tokens"], ["out"], dyn)
-    _metadata(path, {**_common_metadata(model, entry_name), "graph": "sequence"})
+    axes = {0: torch.export.Dim("batch", min=1)}
+    if model.dynamic_time:
+        axes[1] = torch.export.Dim("time", min=2, max=EXPORT_MAX_LEN)
+    _export(_SequenceGraph(model), (tokens,), path, ["tokens"], ["out"], (axes,))
+    time = f"2..{EXPORT_MAX_LEN}" if model.dynamic_time else seq_len
+    _metadata(path, {**_common_metadata(model, entry_name), "graph": "sequence", "time": time})
     return path
 
 
@@ -125,7 +132,7 @@ def export_checkpoint_graphs(ckpt, folder: Path) -> list[Path]:
     """The ONNX files of a checkpoint folder: model.onnx always, model_step.onnx when recurrent."""
     folder = Path(folder)
     written = [export_sequence(ckpt.model, folder / SEQUENCE_FILE, entry_name=ckpt.entry.name,
-                               seq_len=ckpt.task_spec.n_context + 1)]
+                               seq_len=ckpt.task.n_tokens)]
     if getattr(ckpt.model, "recurrent", False):
         written.append(export_step(ckpt.model, folder / STEP_FILE, entry_name=ckpt.entry.name))
     return written

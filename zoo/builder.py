@@ -8,9 +8,9 @@ import torch
 
 from zoo.checkpoint import Checkpoint, provenance
 from zoo.constructions import construct
-from zoo.evaluate import evaluate
+from zoo.evaluate import evaluate, gd_reference
 from zoo.models import create_model
-from zoo.registry import get_entry, get_task_spec
+from zoo.registry import Entry, get_entry, get_task_spec, with_overrides
 from zoo.tasks.frozen import load_split
 from zoo.train import default_device, train
 
@@ -18,16 +18,20 @@ TRAIN_DIR = ".train"  # resumable training state inside the output folder; never
 
 
 def build(
-    name: str,
+    name: str | Entry,
     out: str | Path | None = None,
     *,
     steps: int | None = None,
     device: str | None = None,
     seed: int | None = None,
+    overrides: dict | None = None,
     progress: bool = True,
 ) -> Checkpoint:
-    """Construct or train the entry `name`, evaluate it on its frozen test split, save it to `out`."""
-    entry = get_entry(name)
+    """Construct or train the entry `name` (or an Entry), evaluate it on its frozen test split,
+    save it to `out`. `overrides` replaces dotted fields first ({"arch.hidden": 16})."""
+    entry = get_entry(name) if isinstance(name, str) else name
+    if overrides:
+        entry = with_overrides(entry, overrides)
     spec = get_task_spec(entry.task)
     task = spec.build()
     validation, test = load_split(entry.task, "validation"), load_split(entry.task, "test")
@@ -54,7 +58,14 @@ def build(
         model.cpu()
         prov = provenance(seed=seed, steps=result.steps, device=str(dev), dataset_hashes=hashes)
 
-    metrics = evaluate(model, task, test.batch(task))
+    return _evaluate_and_save(entry, spec, model, prov, construction, history, out)
+
+
+def _evaluate_and_save(entry, spec, model, prov, construction, history, out) -> Checkpoint:
+    task = spec.build()
+    validation, test = load_split(entry.task, "validation"), load_split(entry.task, "test")
+    reference = gd_reference(entry, task, construction, validation.batch(task, dtype=torch.float64))
+    metrics = evaluate(model, task, test.batch(task), **reference)
     if construction and "eta" in construction:
         metrics["construction_eta"] = construction["eta"]
     ckpt = Checkpoint(model=model, entry=entry, task_spec=spec, provenance=prov,
@@ -62,3 +73,41 @@ def build(
     if out is not None:
         ckpt.save_pretrained(out)
     return ckpt
+
+
+def build_ensemble(
+    name: str | Entry,
+    seeds: list[int],
+    outs: list[str | Path],
+    *,
+    run_dir: str | Path,
+    steps: int | None = None,
+    device: str | None = None,
+    overrides: dict | None = None,
+    progress: bool = True,
+) -> list[Checkpoint]:
+    """Train one member per seed in one batched computation (zoo/ensemble.py), then evaluate
+    and save each as an ordinary checkpoint in `outs[i]`; `run_dir` holds the resumable state."""
+    from zoo.ensemble import train_ensemble
+
+    entry = get_entry(name) if isinstance(name, str) else name
+    if overrides:
+        entry = with_overrides(entry, overrides)
+    if entry.source.kind != "trained":
+        raise ValueError(f"entry '{entry.name}' is constructed; only trained entries form ensembles")
+    spec = get_task_spec(entry.task)
+    task = spec.build()
+    validation, test = load_split(entry.task, "validation"), load_split(entry.task, "test")
+    hashes = {"validation": validation.sha256, "test": test.sha256}
+    dev = torch.device(device) if device else default_device()
+    result = train_ensemble(lambda: create_model(entry.arch, task), task, entry.source, seeds, run_dir=Path(run_dir),
+                            validation_batch=validation.batch(task), steps=steps, device=dev, progress=progress)
+    ckpts = []
+    for i, (seed, model, out) in enumerate(zip(seeds, result.models, outs)):
+        history = [{"step": r["step"], "train_loss": r["train_loss"][i], "lr": r["lr"],
+                    **({"val_loss": r["val_loss"][i]} if "val_loss" in r else {})} for r in result.history]
+        prov = provenance(seed=seed, steps=result.steps, device=str(dev), dataset_hashes=hashes)
+        prov["ensemble"] = {"members": len(seeds), "seeds": list(seeds)}
+        ckpts.append(_evaluate_and_save(entry, spec, model.cpu(), prov, None, history, out))
+    return ckpts
+

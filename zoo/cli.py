@@ -56,7 +56,7 @@ def cmd_build(args) -> int:
 
 def cmd_eval(args) -> int:
     import zoo
-    from zoo.evaluate import evaluate
+    from zoo.evaluate import evaluate, gd_reference
     from zoo.tasks.frozen import load_split, load_split_from_hub
 
     ckpt = zoo.load(args.path, revision=args.revision, endpoint=args.endpoint)
@@ -67,7 +67,8 @@ def cmd_eval(args) -> int:
                                     expected_sha256=expected, endpoint=args.endpoint)
     else:
         split = load_split(ckpt.entry.task, "test")
-    metrics = evaluate(ckpt.model, task, split.batch(task))
+    reference = gd_reference(ckpt.entry, task, ckpt.construction, recorded=ckpt.metrics)
+    metrics = evaluate(ckpt.model, task, split.batch(task), **reference)
     metrics["dataset"] = split.name
     metrics["dataset_sha256"] = split.sha256
     if args.json:
@@ -201,6 +202,28 @@ def cmd_quickstart(args) -> int:
 
 
 # ---------------------------------------------------------------- parser
+def cmd_sweep(args) -> int:
+    from zoo.sweep import load_spec, markdown_table, run_sweep
+
+    spec = load_spec(args.spec)
+    if args.steps:
+        spec = spec.model_copy(update={"steps": args.steps})
+    rows = run_sweep(spec, args.out, backend=args.backend, address=args.address, gpus_per_run=args.gpus_per_run,
+                     progress=not args.quiet)
+    print(markdown_table(rows), end="")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from zoo.report import collect, write_report
+
+    rows = collect(args.paths)
+    for path in write_report(rows, Path(args.out)):
+        print(f"wrote {path}")
+    print((Path(args.out) / "report.md").read_text())
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zoo", description="icl-zoo: in-context learning by gradient descent, as a model zoo")
     sub = p.add_subparsers(dest="command", required=True)
@@ -288,6 +311,21 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--endpoint")
     s.add_argument("--quiet", action="store_true")
     s.set_defaults(fn=cmd_stream)
+
+    s = sub.add_parser("sweep", help="run a sweep spec (entries × seeds × overrides) and write one results table")
+    s.add_argument("spec", help="sweep TOML (see zoo/sweep.py and sweeps/)")
+    s.add_argument("--backend", choices=["local", "ray"], default="local")
+    s.add_argument("--address", help="Ray cluster address (default: start a local Ray instance)")
+    s.add_argument("--gpus-per-run", type=float, default=0.0, help="Ray: fraction of a GPU per run")
+    s.add_argument("--out", help="output folder (default: runs/<spec name>)")
+    s.add_argument("--steps", type=int, help="override the spec's step count")
+    s.add_argument("--quiet", action="store_true")
+    s.set_defaults(fn=cmd_sweep)
+
+    s = sub.add_parser("report", help="compare checkpoints (or sweep folders) with GD and least squares")
+    s.add_argument("paths", nargs="+", help="checkpoint folders, or folders holding them")
+    s.add_argument("--out", default="report", help="folder for report.md and report.png")
+    s.set_defaults(fn=cmd_report)
 
     s = sub.add_parser("quickstart", help="the zoo end to end on CPU in a few minutes")
     s.add_argument("--out", default="quickstart-out")

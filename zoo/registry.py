@@ -11,9 +11,9 @@ import functools
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal, Union, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 ENTRIES_DIR = Path(__file__).parent / "entries"
 KEBAB = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
@@ -45,14 +45,21 @@ class LinearRegressionSpec(Strict):
     x_dist: Literal["uniform", "normal"] = "uniform"
     x_scale: float = Field(1.0, gt=0)  # U(−a, a) half-width, or the normal's std
     w_std: float = Field(1.0, gt=0)  # W ~ N(0, w_std²) for training and the test split
+    layout: Literal["pairs", "interleaved", "products"] = "pairs"  # tokens, see tasks/regression.py
     splits: dict[Literal["validation", "test"], SplitSpec]
+
+    @model_validator(mode="after")
+    def _products_is_1d(self):
+        if self.layout == "products" and self.d_y != 1:
+            raise ValueError("layout 'products' (x_t y_t, x_{t+1}) needs d_y = 1")
+        return self
 
     def build(self):
         from zoo.tasks.regression import LinearRegressionTask
 
         return LinearRegressionTask(
             d_x=self.d_x, d_y=self.d_y, n_context=self.n_context,
-            x_scale=self.x_scale, w_std=self.w_std, x_dist=self.x_dist,
+            x_scale=self.x_scale, w_std=self.w_std, x_dist=self.x_dist, layout=self.layout,
         )
 
 
@@ -101,7 +108,52 @@ class GatedRNNArch(Strict):
     lambda_range: tuple[float, float] = (0.0, 1.0)  # initial λ ~ U(range) (diagonal)
 
 
-Arch = Annotated[Union[LSAArch, GatedRNNArch], Field(discriminator="type")]
+class GDSSMArch(Strict):
+    type: Literal["gd_ssm"]
+    n_layers: int = Field(1, ge=1)  # stacked GD-SSM layers (one GD step each when constructed)
+    window: int = Field(3, ge=1)  # local self-attention window (3 for interleaved tokens, 1 for products)
+    value_dim: int = Field(gt=0)  # m_v: rows of the state Z (d_y, or d_x for the products layout)
+    key_dim: int = Field(gt=0)  # m_k: columns of Z (d_x, or 1 for the products layout)
+    ridge: float = Field(0.0, ge=0)  # ρ of the L2-regularised implicit loss (A.4)
+    init_std: float | None = Field(None, gt=0)  # default: 1/sqrt(w f + 1)
+    lambda_range: tuple[float, float] = (0.9, 0.999)  # initial Λ ~ U(range)
+
+
+class RecurrentStackArch(Strict):
+    """Embedding → n_layers blocks → read-out (models/stack.py), no norms."""
+
+    type: Literal["lru", "s5", "lstm", "gru", "bilstm", "mamba", "griffin"]
+    width: int = Field(64, gt=0)  # embedding width w
+    n_layers: int = Field(1, ge=1)  # blocks (Griffin alternates recurrent and local attention)
+    hidden: int | None = Field(None, gt=0)  # LRU/S5 complex neurons n (default: width)
+    variant: Literal["out", "in_out", "in_skip"] = "out"  # LRU gating (Zucchet A.1): LRU Out / In+Out / In+Skip
+    r_range: tuple[float, float] = (0.0, 1.0)  # LRU initial |λ| range
+    state_size: int = Field(16, gt=0)  # Mamba N
+    expand: int = Field(2, gt=0)  # Mamba/Griffin inner width = expand · width
+    window: int = Field(8, ge=1)  # Griffin local attention window
+
+    @model_validator(mode="after")
+    def _variant_is_lru_only(self):
+        if self.variant != "out" and self.type != "lru":
+            raise ValueError(f"'variant' applies to type 'lru' only, not {self.type!r}")
+        if self.type == "bilstm" and self.width % 2:
+            raise ValueError("a bidirectional LSTM needs an even width (two directions of width/2)")
+        return self
+
+
+class TransformerArch(Strict):
+    type: Literal["softmax_transformer"]
+    width: int = Field(64, gt=0)  # model width ("64 units")
+    n_layers: int = Field(1, ge=1)
+    heads: int = Field(1, ge=1)
+    mlp: bool = True  # a GELU MLP after each attention
+    causal: bool = False  # the regression prompt is unmasked in the blogpost setting
+    max_len: int = Field(256, gt=0)  # learned positions
+
+
+Arch = Annotated[
+    Union[LSAArch, GatedRNNArch, GDSSMArch, RecurrentStackArch, TransformerArch], Field(discriminator="type")
+]
 
 
 # ---------------------------------------------------------------------------- sources
@@ -117,6 +169,7 @@ class TrainRecipe(Strict):
     steps: int = Field(gt=0)
     batch_size: int = Field(gt=0)
     grad_clip: float | None = Field(None, gt=0)  # global-norm clip
+    recurrent_lr: float | None = Field(None, gt=0)  # peak lr of the recurrent ν's (GD-SSM: 1e-4 vs 2e-4)
     seed: int = 0
     eval_every: int = Field(500, gt=0)  # validation on the frozen split every N steps
     checkpoint_every: int = Field(1000, gt=0)  # resumable training state every N steps
@@ -124,7 +177,7 @@ class TrainRecipe(Strict):
 
 class Construction(Strict):
     kind: Literal["constructed"]
-    construction: Literal["gd", "rnn_from_lsa"]  # θ_GD (constructions/gd.py); gated RNN ⇐ LSA (rnn_from_lsa.py)
+    construction: Literal["gd", "rnn_from_lsa", "gd_ssm"]  # θ_GD (constructions/gd.py); gated RNN ⇐ LSA (rnn_from_lsa.py); GD-SSM (gd_ssm.py)
     lsa: Literal["gd", "teacher"] = "gd"  # rnn_from_lsa: which LSA to implement (θ_GD or the task's teacher)
     compact: bool = False  # rnn_from_lsa: d(d+1)/2 key-value neurons instead of d²
     eta: float | Literal["analytic", "line_search"] = "analytic"  # GD rate (sum convention); "analytic": Zucchet C.2 (1 step); "line_search": best on the validation split for this many steps
@@ -158,6 +211,9 @@ class Entry(Strict):
 
 
 TASK_ADAPTER = TypeAdapter(TaskSpec)
+TASK_KINDS = {"linear_regression", "lsa_teacher"}
+UNION_TAGS = {tag for model in (*get_args(get_args(Arch)[0]), *get_args(get_args(Source)[0]))
+              for tag in get_args(model.model_fields[("type" if "type" in model.model_fields else "kind")].annotation)}
 
 
 class Registry:
@@ -182,15 +238,21 @@ def construction_problem(entry: Entry, task: TaskSpec) -> str | None:
     """Why an entry's construction cannot apply to its arch/task (None when it can)."""
     c = entry.source
     if c.construction == "gd":
-        if entry.arch.type != "lsa" or task.kind != "linear_regression":
-            return "'gd' needs arch type 'lsa' on a linear_regression task"
+        if entry.arch.type != "lsa" or task.kind != "linear_regression" or task.layout != "pairs":
+            return "'gd' needs arch type 'lsa' on a linear_regression task with layout 'pairs'"
+    elif c.construction == "gd_ssm":
+        if entry.arch.type != "gd_ssm" or task.kind != "linear_regression":
+            return "'gd_ssm' needs arch type 'gd_ssm' on a linear_regression task"
+        from zoo.constructions.gd_ssm import construction_problem as gd_ssm_problem
+
+        return gd_ssm_problem(entry.arch.model_dump(), task.layout, task.d_x, task.d_y)
     elif c.construction == "rnn_from_lsa":
         if entry.arch.type != "gated_rnn" or entry.arch.recurrence != "diagonal":
             return "'rnn_from_lsa' needs arch type 'gated_rnn' with diagonal recurrence"
         if c.lsa == "teacher" and task.kind != "lsa_teacher":
             return "lsa = 'teacher' needs an lsa_teacher task"
-        if c.lsa == "gd" and task.kind != "linear_regression":
-            return "lsa = 'gd' needs a linear_regression task"
+        if c.lsa == "gd" and (task.kind != "linear_regression" or task.layout != "pairs"):
+            return "lsa = 'gd' needs a linear_regression task with layout 'pairs'"
         d = task.d if task.kind == "lsa_teacher" else task.d_x + task.d_y
         hidden = (d * (d + 1) // 2 if c.compact else d * d) + d
         if entry.arch.hidden != hidden or (entry.arch.gates or entry.arch.hidden) != d * d:
@@ -201,7 +263,13 @@ def construction_problem(entry: Entry, task: TaskSpec) -> str | None:
 def _format_errors(file: Path, kind: str, name: str, err: ValidationError) -> str:
     lines = []
     for e in err.errors():
-        field = ".".join(str(p) for p in e["loc"]) or "(entry)"
+        loc = list(e["loc"])
+        # a discriminated union puts the tag in the path (arch.gated_rnn.hidden): drop it
+        if kind == "task" and loc and loc[0] in TASK_KINDS:
+            loc = loc[1:]
+        elif len(loc) > 1 and loc[0] in ("arch", "source") and loc[1] in UNION_TAGS:
+            loc = loc[:1] + loc[2:]
+        field = ".".join(str(p) for p in loc) or "(entry)"
         lines.append(f"{file.name}: {kind} '{name}': field '{field}': {e['msg']}")
     return "\n".join(lines)
 
@@ -270,6 +338,24 @@ def list_entries(filter: str | None = None, **fields) -> list[Entry]:
 
 def get_entry(name: str) -> Entry:
     return default_registry().entry(name)
+
+
+def with_overrides(entry: Entry, overrides: dict[str, object]) -> Entry:
+    """`entry` with dotted fields replaced, e.g. {"arch.hidden": 16, "source.lr": 3e-4},
+    validated like a registry entry (a bad field or value names the field)."""
+    data = entry.model_dump(mode="json")
+    for dotted, value in overrides.items():
+        *parents, leaf = dotted.split(".")
+        node = data
+        for key in parents:
+            if not isinstance(node.get(key), dict):
+                raise RegistryError(f"entry '{entry.name}': override '{dotted}': no field '{key}'")
+            node = node[key]
+        node[leaf] = value  # an unknown leaf is caught below (extra fields are forbidden)
+    try:
+        return Entry.model_validate(data)
+    except ValidationError as e:
+        raise RegistryError(_format_errors(Path(entry.file), "entry", entry.name, e)) from None
 
 
 def get_task_spec(name: str) -> TaskSpec:

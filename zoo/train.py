@@ -50,23 +50,35 @@ def lr_factor(step: int, recipe, total_steps: int) -> float:
 
 
 def make_optimizer(model: torch.nn.Module, recipe) -> torch.optim.Optimizer:
-    """AdamW; parameters a model lists in `no_weight_decay()` (recurrent λ's ν) are not decayed."""
+    """AdamW; parameters a model lists in `no_weight_decay()` (recurrent λ's ν) are not decayed,
+    and with `recipe.recurrent_lr` those in `recurrent_parameter_names()` get that peak lr."""
     exempt = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
-    decay = [p for n, p in model.named_parameters() if n not in exempt]
-    groups = [{"params": decay}]
-    if exempt:
-        groups.append({"params": [p for n, p in model.named_parameters() if n in exempt], "weight_decay": 0.0})
-    return torch.optim.AdamW(groups, lr=recipe.lr, betas=tuple(recipe.betas), weight_decay=recipe.weight_decay)
+    recurrent = set()
+    if recipe.recurrent_lr is not None and hasattr(model, "recurrent_parameter_names"):
+        recurrent = model.recurrent_parameter_names()
+    groups: dict[tuple[bool, bool], list] = {}
+    for name, p in model.named_parameters():
+        groups.setdefault((name in exempt, name in recurrent), []).append(p)
+    param_groups = [
+        {"params": params, "weight_decay": 0.0 if no_decay else recipe.weight_decay,
+         "lr": recipe.recurrent_lr if is_recurrent else recipe.lr}
+        for (no_decay, is_recurrent), params in sorted(groups.items())
+    ]
+    return torch.optim.AdamW(param_groups, lr=recipe.lr, betas=tuple(recipe.betas), weight_decay=recipe.weight_decay)
 
 
 # ---------------------------------------------------------------- resumable state
-def save_state(run_dir: Path, model, opt, generator: torch.Generator, step: int, history: list[dict]) -> None:
+def save_state(run_dir: Path, model, opt, generator: torch.Generator | list[torch.Generator], step: int,
+               history: list[dict]) -> None:
     tensors = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
     opt_sd = opt.state_dict()
     for idx, st in opt_sd["state"].items():
         for key, value in st.items():
             tensors[f"optim.{idx}.{key}"] = torch.as_tensor(value).detach().contiguous()
-    tensors["rng"] = generator.get_state()
+    if isinstance(generator, list):  # an ensemble: one data stream per member
+        tensors.update({f"rng.{i}": g.get_state() for i, g in enumerate(generator)})
+    else:
+        tensors["rng"] = generator.get_state()
     run_dir.mkdir(parents=True, exist_ok=True)
     # Write both files under temporary names then rename: an interruption mid-write leaves the
     # previous good state intact.
@@ -77,7 +89,7 @@ def save_state(run_dir: Path, model, opt, generator: torch.Generator, step: int,
     os.replace(tmp_meta, run_dir / META_FILE)
 
 
-def load_state(run_dir: Path, model, opt, generator: torch.Generator) -> tuple[int, list[dict]]:
+def load_state(run_dir: Path, model, opt, generator: torch.Generator | list[torch.Generator]) -> tuple[int, list[dict]]:
     tensors = load_file(str(run_dir / STATE_FILE))
     meta = json.loads((run_dir / META_FILE).read_text())
     device = next(model.parameters()).device
@@ -88,7 +100,11 @@ def load_state(run_dir: Path, model, opt, generator: torch.Generator) -> tuple[i
             _, idx, name = key.split(".", 2)
             state.setdefault(int(idx), {})[name] = value if name == "step" else value.to(device)
     opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
-    generator.set_state(tensors["rng"])
+    if isinstance(generator, list):
+        for i, g in enumerate(generator):
+            g.set_state(tensors[f"rng.{i}"])
+    else:
+        generator.set_state(tensors["rng"])
     return meta["step"], meta["history"]
 
 

@@ -2,26 +2,26 @@
 
 from __future__ import annotations
 
-import torch
-
 from zoo.constructions.gd import construct_gd_lsa, gd_lsa_weights
+from zoo.constructions.gd_ssm import construct_gd_ssm
 from zoo.constructions.rnn_from_lsa import lsa_weights, rnn_from_lsa
 from zoo.models.lsa import LinearSelfAttention
 from zoo.tasks.regression import gd_predict, line_search_eta
 
 
-def resolve_eta(source, task, n_steps: int, validation_batch=None) -> float:
-    """The η a construction entry asks for: a number, the analytic η*, or a line search."""
-    if isinstance(source.eta, float):
-        return source.eta
-    if source.eta == "analytic":
+def resolve_eta(eta: float | str, task, n_steps: int, validation_batch=None, ridge: float = 0.0) -> float:
+    """The η an entry asks for: a number, "analytic" (η*) or "line_search" (best GD loss for
+    `n_steps` steps on the validation split)."""
+    if isinstance(eta, (int, float)):
+        return float(eta)
+    if eta == "analytic":
         return task.analytic_eta()
     if validation_batch is None:
         raise ValueError("eta = 'line_search' needs the validation split")
     b = validation_batch
 
     def loss(eta: float) -> float:
-        return task.loss(gd_predict(b, eta, steps=n_steps), b.targets).item()
+        return task.loss(gd_predict(b, eta, steps=n_steps, ridge=ridge), b.targets).item()
 
     return line_search_eta(loss, 0.0, 2.5 * task.analytic_eta())
 
@@ -32,28 +32,27 @@ def construct(entry, model, task, validation_batch=None):
     source = entry.source
     if source.construction == "gd":
         n_steps = entry.arch.n_layers * entry.arch.loops
-        eta = resolve_eta(source, task, n_steps, validation_batch)
+        eta = resolve_eta(source.eta, task, n_steps, validation_batch)
         construct_gd_lsa(model, task.d_x, eta / entry.arch.damping)
         return {"eta": eta, "gd_steps": n_steps}
+    if source.construction == "gd_ssm":
+        n_steps, ridge = entry.arch.n_layers, entry.arch.ridge
+        eta = resolve_eta(source.eta, task, n_steps, validation_batch, ridge=ridge)
+        construct_gd_ssm(model, task.layout, task.d_x, task.d_y, eta)
+        return {"eta": eta, "gd_steps": n_steps, "ridge": ridge}
     if source.construction == "rnn_from_lsa":
         info = {"lsa": source.lsa, "compact": source.compact}
         if source.lsa == "teacher":
             lsa = task.teacher()
         else:
-            eta = resolve_eta(source, task, 1, validation_batch)
+            eta = resolve_eta(source.eta, task, 1, validation_batch)
             lsa = LinearSelfAttention(task.token_dim, task.readout, attention="causal", residual=False).double()
             construct_gd_lsa(lsa, task.d_x, eta)
             info["eta"] = eta
         rnn = rnn_from_lsa(*lsa_weights(lsa), task.readout, compact=source.compact)
-        load_weights_exact(model, rnn)
+        model.load_state_dict(rnn.state_dict())  # strict; casts the float64 construction to the model's dtype
         return info
     raise ValueError(f"unknown construction {source.construction!r}")
 
 
-@torch.no_grad()
-def load_weights_exact(model, source) -> None:
-    for name, value in source.state_dict().items():
-        model.get_parameter(name).copy_(value)
-
-
-__all__ = ["construct", "construct_gd_lsa", "gd_lsa_weights", "resolve_eta", "rnn_from_lsa", "lsa_weights"]
+__all__ = ["construct", "construct_gd_lsa", "construct_gd_ssm", "gd_lsa_weights", "resolve_eta", "rnn_from_lsa", "lsa_weights"]

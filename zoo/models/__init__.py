@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from zoo.models.base import NotRecurrentError, ZooModel
 from zoo.models.gated_rnn import GatedLinearRNN
+from zoo.models.classic_rnn import GRUBlock, LSTMBlock
+from zoo.models.gd_ssm import GDSSM
+from zoo.models.griffin import GriffinRecurrentBlock, LocalAttentionBlock
+from zoo.models.lru import LRUBlock, S5Block
+from zoo.models.mamba import MambaBlock
+from zoo.models.stack import SequenceStack
+from zoo.models.transformer import SoftmaxTransformer
 from zoo.models.lsa import LinearSelfAttention
 
 
@@ -19,7 +26,33 @@ def create_model(arch, task) -> ZooModel:
             d_in=task.token_dim, d_out=task.token_dim, readout=task.readout, hidden=arch.hidden, gates=arch.gates,
             recurrence=arch.recurrence, init_std=arch.init_std, nu_range=arch.lambda_range,
         )
+    if arch.type == "gd_ssm":
+        return GDSSM(
+            d_in=task.token_dim, d_out=task.d_out, readout=task.readout, n_layers=arch.n_layers, window=arch.window,
+            value_dim=arch.value_dim, key_dim=arch.key_dim, ridge=arch.ridge, init_std=arch.init_std,
+            lambda_range=arch.lambda_range,
+        )
+    if arch.type == "softmax_transformer":
+        return SoftmaxTransformer(
+            d_in=task.token_dim, d_out=task.d_out, readout=task.readout, width=arch.width, n_layers=arch.n_layers,
+            heads=arch.heads, mlp=arch.mlp, causal=arch.causal, max_len=arch.max_len,
+        )
+    if arch.type in STACK_BLOCKS:
+        blocks = [STACK_BLOCKS[arch.type](arch, i) for i in range(arch.n_layers)]
+        return SequenceStack(task.token_dim, task.d_out, task.readout, blocks, arch.width,
+                             residual=arch.type not in ("lstm", "gru", "bilstm"))
     raise ValueError(f"unknown architecture type {arch.type!r}")
 
 
-__all__ = ["create_model", "ZooModel", "NotRecurrentError", "LinearSelfAttention", "GatedLinearRNN"]
+STACK_BLOCKS = {  # arch type → block of layer i
+    "lru": lambda a, i: LRUBlock(a.width, a.hidden or a.width, a.variant, *a.r_range),
+    "s5": lambda a, i: S5Block(a.width, a.hidden or a.width),
+    "lstm": lambda a, i: LSTMBlock(a.width),
+    "gru": lambda a, i: GRUBlock(a.width),
+    "bilstm": lambda a, i: LSTMBlock(a.width, bidirectional=True),
+    "mamba": lambda a, i: MambaBlock(a.width, a.state_size, a.expand),
+    "griffin": lambda a, i: LocalAttentionBlock(a.width, a.window) if i % 2 else GriffinRecurrentBlock(a.width, a.expand),
+}
+
+
+__all__ = ["create_model", "ZooModel", "NotRecurrentError", "LinearSelfAttention", "GatedLinearRNN", "GDSSM", "SequenceStack", "SoftmaxTransformer"]

@@ -22,7 +22,8 @@ class NotRecurrentError(TypeError):
 
 
 class ZooModel(nn.Module):
-    recurrent: bool = True
+    recurrent: bool = True  # constant-size state: init_state / step work
+    dynamic_time: bool = True  # the sequence graph exports with a symbolic length (fused LSTM/GRU: no)
 
     def __init__(self, d_in: int, d_out: int, readout: Readout):
         super().__init__()

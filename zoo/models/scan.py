@@ -2,8 +2,11 @@
 
 The parallel form composes the affine maps (a, b)∘(a', b') = (a a', a' b + b') with
 Hillis–Steele doubling: ⌈log₂ T⌉ vectorised steps instead of T Python steps. Both forms
-agree to rounding (tested); the diagonal RNN and LRU families use the parallel one in
-`forward` and the sequential one is their `step`.
+agree to rounding (tested); the diagonal RNN, GD-SSM, LRU and Mamba families use the
+parallel one in `forward` and the sequential one is their `step`.
+
+Complex recurrences (LRU, S5) pass `complex_pairs=True`: the last axis of a and b holds
+(real, imaginary), so nothing complex reaches an exported ONNX graph.
 """
 
 from __future__ import annotations
@@ -11,23 +14,48 @@ from __future__ import annotations
 import torch
 
 
-def sequential_scan(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a, b: (B, T, n) (a may broadcast) → h: (B, T, n)."""
+def complex_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(…, 2) × (…, 2) as complex numbers stored as (re, im) pairs."""
+    re = a[..., 0] * b[..., 0] - a[..., 1] * b[..., 1]
+    im = a[..., 0] * b[..., 1] + a[..., 1] * b[..., 0]
+    return torch.stack([re, im], dim=-1)
+
+
+def sequential_scan(a: torch.Tensor, b: torch.Tensor, *, complex_pairs: bool = False) -> torch.Tensor:
+    """a, b: (B, T, …) (a may broadcast) → h: (B, T, …)."""
     a = a.expand_as(b)
+    mul = complex_mul if complex_pairs else torch.mul
     h = torch.zeros_like(b[:, 0])
     out = []
     for t in range(b.shape[1]):
-        h = a[:, t] * h + b[:, t]
+        h = mul(a[:, t], h) + b[:, t]
         out.append(h)
     return torch.stack(out, dim=1)
 
 
-EXPORT_MAX_LEN = 2**16  # doublings traced into exported graphs: valid for T ≤ this
+# Doublings traced into exported whole-sequence graphs: they are valid for T ≤ this (recorded
+# in the graph's metadata); longer streams go through the step graph, which has no limit.
+EXPORT_MAX_LEN = 2**12
 
 
-def parallel_scan(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _delay(x: torch.Tensor, offset: int, fill: float) -> torch.Tensor:
+    """x delayed by `offset` steps along time (dim 1), the first `offset` entries `fill`.
+    (Written with pad, not cat: an exported graph keeps T symbolic.)"""
+    pad = (0, 0) * (x.dim() - 2) + (offset, 0)
+    return torch.nn.functional.pad(x, pad, value=fill)[:, : x.shape[1]]
+
+
+def _delay_map(a: torch.Tensor, offset: int, complex_pairs: bool) -> torch.Tensor:
+    """`a` delayed, the identity map (1, or 1 + 0i) before the start."""
+    if not complex_pairs:
+        return _delay(a, offset, 1.0)
+    return torch.stack([_delay(a[..., 0], offset, 1.0), _delay(a[..., 1], offset, 0.0)], dim=-1)
+
+
+def parallel_scan(a: torch.Tensor, b: torch.Tensor, *, complex_pairs: bool = False) -> torch.Tensor:
     """Same result as `sequential_scan` in ⌈log₂ T⌉ steps (inclusive prefix of affine maps)."""
     a = a.expand_as(b)
+    mul = complex_mul if complex_pairs else torch.mul
     T = b.shape[1]
     # An exported graph cannot branch on its dynamic T, so it gets enough doublings for
     # EXPORT_MAX_LEN; doublings past T leave the result unchanged.
@@ -35,9 +63,7 @@ def parallel_scan(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     offset = 1
     while offset < limit:
         # position t absorbs the prefix ending at t − offset (identity map (1, 0) before the start)
-        b_prev = torch.nn.functional.pad(b, (0, 0, offset, 0))[:, :T]
-        a_prev = torch.nn.functional.pad(a, (0, 0, offset, 0), value=1.0)[:, :T]
-        b = a * b_prev + b
-        a = a * a_prev
+        b = mul(a, _delay(b, offset, 0.0)) + b
+        a = mul(a, _delay_map(a, offset, complex_pairs))
         offset *= 2
     return b

@@ -1,8 +1,15 @@
 """In-context linear regression, and the gradient-descent / least-squares baselines on it.
 
 A task draws a weight matrix W ∈ R^{d_y×d_x} per sequence, inputs x_1..x_{C+1} ∈ R^{d_x}
-and targets y_t = W x_t. The model sees C context tokens e_t = (x_t, y_t) and one query
-token (x_{C+1}, 0) and must predict y_{C+1} at the last position.
+and targets y_t = W x_t. How the examples become tokens is the task's `layout`:
+
+    "pairs"        e_t = (x_t, y_t), query (x_{C+1}, 0): C+1 tokens      (von Oswald, Zucchet)
+    "interleaved"  s_{2j−1} = (x_j, 0), s_{2j} = (0, y_j), query (x_{C+1}, 0): 2C+1 tokens
+                   x and y in disjoint channels                           (Sushma, Tian et al. §3.2)
+    "products"     c_t = (x_t y_t, x_{t+1}), t = 1..C: C tokens, d_y = 1  (Sushma, Tian et al. §3.1,
+                   the "constructed context vectors"; the last one carries the query)
+
+and the model must predict y_{C+1} at the last position.
 
 Conventions (one for the whole zoo):
     loss      = ½ · mean over tasks and output coordinates of (ŷ − y)²
@@ -10,7 +17,8 @@ Conventions (one for the whole zoo):
     GD step   = one step from W=0 on the *summed* in-context loss ½ Σ_i ‖y_i − W x_i‖²
                 with learning rate η, so ŷ = η Σ_i y_i x_iᵀ x_q  (Zucchet App. C.2).
                 The blogpost's η_blog on the mean loss is η_blog = C · η.
-    read-out  = minus the y-channels of the last token (the θ_GD sign convention).
+    read-out  = "pairs": minus the y-channels of the last token (the θ_GD sign convention);
+                the GD-SSM layouts: the first d_y output channels of the last token, sign +1.
 
 Glossary (code → paper):
     n_context      C (blogpost, von Oswald) / T (Zucchet)
@@ -64,6 +72,9 @@ class TaskBatch:
         return self.x[:, -1]
 
 
+LAYOUTS = ("pairs", "interleaved", "products")
+
+
 @dataclass(frozen=True)
 class LinearRegressionTask:
     d_x: int
@@ -72,18 +83,42 @@ class LinearRegressionTask:
     x_scale: float = 1.0
     w_std: float = 1.0
     x_dist: str = "uniform"  # "uniform" on (−x_scale, x_scale) or "normal" with std x_scale
+    layout: str = "pairs"  # how examples become tokens: "pairs" | "interleaved" | "products"
+
+    def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.layout == "products" and self.d_y != 1:
+            raise ValueError("the 'products' layout (x_t y_t, x_{t+1}) needs d_y = 1")
 
     @property
     def token_dim(self) -> int:
-        return self.d_x + self.d_y
+        return 2 * self.d_x if self.layout == "products" else self.d_x + self.d_y
 
     @property
     def seq_len(self) -> int:
+        """Examples per task, the query included (the rows of x and y)."""
         return self.n_context + 1
 
     @property
+    def d_out(self) -> int:
+        """Output width a model needs for the read-out: the token width for "pairs", else d_y."""
+        return self.token_dim if self.layout == "pairs" else self.d_y
+
+    @property
+    def n_tokens(self) -> int:
+        return {"pairs": self.n_context + 1, "interleaved": 2 * self.n_context + 1, "products": self.n_context}[self.layout]
+
+    @property
     def readout(self) -> Readout:
-        return Readout(position=-1, start=self.d_x, stop=self.d_x + self.d_y, sign=-1.0)
+        if self.layout == "pairs":
+            return Readout(position=-1, start=self.d_x, stop=self.d_x + self.d_y, sign=-1.0)
+        return Readout(position=-1, start=0, stop=self.d_y, sign=1.0)
+
+    @property
+    def query_channels(self) -> tuple[int, int]:
+        """Channels of the last token that hold x_query (for sensitivities ∂ŷ/∂x_query)."""
+        return (self.d_x, 2 * self.d_x) if self.layout == "products" else (0, self.d_x)
 
     # ---------------------------------------------------------------- sampling
     def sample(
@@ -120,9 +155,18 @@ class LinearRegressionTask:
                 f"expected x (N, {self.seq_len}, {self.d_x}) and y (N, {self.seq_len}, {self.d_y}), "
                 f"got {tuple(x.shape)} and {tuple(y.shape)}"
             )
-        y_in = y.clone()
-        y_in[:, -1] = 0
-        tokens = torch.cat([x, y_in], dim=-1)
+        if self.layout == "pairs":
+            y_in = y.clone()
+            y_in[:, -1] = 0
+            tokens = torch.cat([x, y_in], dim=-1)  # (N, C+1, d_x+d_y)
+        elif self.layout == "interleaved":
+            n, c = x.shape[0], self.n_context
+            x_tok = torch.cat([x, torch.zeros_like(y)], dim=-1)  # (N, C+1, d)
+            y_tok = torch.cat([torch.zeros_like(x[:, :c]), y[:, :c]], dim=-1)  # (N, C, d)
+            pairs = torch.stack([x_tok[:, :c], y_tok], dim=2).reshape(n, 2 * c, -1)
+            tokens = torch.cat([pairs, x_tok[:, c:]], dim=1)  # (N, 2C+1, d)
+        else:  # products
+            tokens = torch.cat([x[:, :-1] * y[:, :-1], x[:, 1:]], dim=-1)  # (N, C, 2 d_x)
         return TaskBatch(tokens=tokens, targets=y[:, -1], x=x, y=y)
 
     # ---------------------------------------------------------------- metrics
@@ -153,14 +197,20 @@ class LinearRegressionTask:
         return 0.5 * w_var * s2 * trace
 
 
-def gd_predict(batch: TaskBatch, eta: float | torch.Tensor, steps: int = 1) -> torch.Tensor:
-    """Query prediction after `steps` GD steps from W=0 on ½ Σ_i ‖y_i − W x_i‖² with rate η."""
+def gd_weights(batch: TaskBatch, eta: float | torch.Tensor, steps: int = 1, ridge: float = 0.0) -> torch.Tensor:
+    """W after `steps` GD steps from W=0 on ½ Σ_i ‖y_i − W x_i‖² + (ridge/2)‖W‖²_F with rate η:
+    W ← W + η (Σ_i (y_i − W x_i) x_iᵀ − ridge · W).  Returns (B, d_y, d_x) = ∂ŷ/∂x_query."""
     x, y = batch.x_context, batch.y_context  # (B, C, d_x), (B, C, d_y)
     w = torch.zeros(x.shape[0], y.shape[-1], x.shape[-1], dtype=x.dtype, device=x.device)
     for _ in range(steps):
         residual = y - x @ w.transpose(1, 2)  # (B, C, d_y)
-        w = w + eta * residual.transpose(1, 2) @ x
-    return (w @ batch.x_query.unsqueeze(-1)).squeeze(-1)  # (B, d_y)
+        w = w + eta * (residual.transpose(1, 2) @ x - ridge * w)
+    return w
+
+
+def gd_predict(batch: TaskBatch, eta: float | torch.Tensor, steps: int = 1, ridge: float = 0.0) -> torch.Tensor:
+    """Query prediction (B, d_y) of `gd_weights`."""
+    return (gd_weights(batch, eta, steps, ridge) @ batch.x_query.unsqueeze(-1)).squeeze(-1)
 
 
 def empirical_eta(batch: TaskBatch) -> float:

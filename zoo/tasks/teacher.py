@@ -46,6 +46,10 @@ class LSATeacherTask:
         return self.d
 
     @property
+    def n_tokens(self) -> int:
+        return self.seq_len
+
+    @property
     def d_out(self) -> int:
         return self.d
 

@@ -1,0 +1,139 @@
+"""The comparison families (LRU, S5, LSTM, GRU, bi-LSTM, Mamba, Griffin, softmax transformer):
+their defining equations, forward = iterated step, and what each may and may not see."""
+
+import math
+
+import pytest
+import torch
+
+from zoo.models import NotRecurrentError, create_model
+from zoo.models.griffin import LocalAttentionBlock
+from zoo.models.lru import LRUBlock, S5Block
+from zoo.models.mamba import MambaBlock
+from zoo.registry import RecurrentStackArch, TransformerArch
+from zoo.tasks.regression import LinearRegressionTask
+
+TASK = LinearRegressionTask(d_x=3, d_y=2, n_context=9)
+STACKS = [
+    {"type": "lru", "variant": "out"}, {"type": "lru", "variant": "in_out"}, {"type": "lru", "variant": "in_skip"},
+    {"type": "s5"}, {"type": "lstm"}, {"type": "gru"}, {"type": "mamba", "state_size": 4},
+    {"type": "griffin", "window": 3},
+]
+
+
+def stack(spec, n_layers=2, width=8):
+    torch.manual_seed(0)
+    return create_model(RecurrentStackArch(width=width, n_layers=n_layers, hidden=6, **spec), TASK).double()
+
+
+@pytest.mark.parametrize("spec", STACKS, ids=lambda s: "-".join(str(v) for v in s.values()))
+def test_forward_equals_iterated_step(spec):
+    model = stack(spec)
+    tokens = TASK.sample(3, seed=1, dtype=torch.float64).tokens  # (3, 10, 5)
+    full = model(tokens)
+    state, outs = model.init_state(3), []
+    for t in range(tokens.shape[1]):
+        out, state = model.step(tokens[:, t], state)
+        outs.append(out)
+    torch.testing.assert_close(torch.stack(outs, 1), full, rtol=0, atol=1e-11)
+    assert full.shape == (3, 10, TASK.d_out)
+    assert len(model.state_names()) == len(state)
+
+
+def test_lru_is_the_complex_recurrence_of_eqs_6_to_9():
+    """Against a direct implementation with torch's complex numbers."""
+    torch.manual_seed(1)
+    block = LRUBlock(width=4, hidden=5, variant="out").double()
+    x = torch.randn(2, 7, 4, dtype=torch.float64)
+    lam = torch.exp(-torch.exp(block.nu_log) + 1j * torch.exp(block.theta_log))
+    gamma = torch.exp(block.gamma_log)
+    b = torch.view_as_complex(block.b.contiguous())
+    c = torch.view_as_complex(block.c.contiguous())
+    h = torch.zeros(2, 5, dtype=torch.complex128)
+    outs = []
+    for t in range(7):
+        h = lam * h + gamma * (x[:, t].to(torch.complex128) @ b.T)
+        y_tilde = (h @ c.T).real + block.d * x[:, t]
+        outs.append(torch.sigmoid(y_tilde @ block.w_m.T) * (y_tilde @ block.w_x.T))
+    torch.testing.assert_close(block(x), torch.stack(outs, 1), rtol=0, atol=1e-12)
+    assert (lam.abs() < 1).all()  # the ring initialisation is stable
+
+
+def test_s5_zero_order_hold_discretisation():
+    torch.manual_seed(2)
+    block = S5Block(width=3, hidden=4).double()
+    dt = torch.exp(block.log_dt)
+    big_lambda = -torch.exp(block.nu_log) + 1j * block.theta
+    lam = torch.exp(big_lambda * dt)
+    b_bar = ((lam - 1) / big_lambda).unsqueeze(-1) * torch.view_as_complex(block.b.contiguous())
+    u = torch.randn(5, 3, dtype=torch.float64)
+    torch.testing.assert_close(torch.view_as_complex(block.lam().contiguous()), lam)
+    torch.testing.assert_close(torch.view_as_complex(block.drive(u).contiguous()), u.to(torch.complex128) @ b_bar.T)
+
+
+def test_mamba_parallel_and_sequential_scans_agree():
+    torch.manual_seed(3)
+    block = MambaBlock(width=6, state_size=4).double()
+    x = torch.randn(2, 33, 6, dtype=torch.float64)
+    torch.testing.assert_close(block(x), block(x, parallel=False), rtol=0, atol=1e-12)
+
+
+def test_mamba_is_selective():
+    """Δ, B and C depend on the input: scaling one token changes the decay applied to the state."""
+    torch.manual_seed(4)
+    block = MambaBlock(width=4, state_size=3).double()
+    u = torch.randn(2, 8, dtype=torch.float64)
+    a1, _, c1 = block._selective(u)
+    a2, _, c2 = block._selective(3 * u)
+    assert (a1 - a2).abs().max() > 1e-3 and (c1 - c2).abs().max() > 1e-3
+
+
+def test_local_attention_sees_exactly_its_window():
+    torch.manual_seed(5)
+    block = LocalAttentionBlock(width=4, window=3).double()
+    x = torch.randn(1, 10, 4, dtype=torch.float64)
+    base = block(x)
+    x2 = x.clone()
+    x2[:, 4] += 1.0
+    changed = (block(x2) - base).abs().amax(-1)[0] > 1e-9
+    assert changed.tolist() == [t in (4, 5, 6) for t in range(10)]
+
+
+def test_bidirectional_lstm_sees_the_future_and_has_no_state():
+    torch.manual_seed(6)
+    model = create_model(RecurrentStackArch(type="bilstm", width=8), TASK).double()
+    tokens = TASK.sample(2, seed=0, dtype=torch.float64).tokens
+    t2 = tokens.clone()
+    t2[:, -1, :3] += 1.0
+    assert (model(t2)[:, 0] - model(tokens)[:, 0]).abs().max() > 1e-6
+    with pytest.raises(NotRecurrentError):
+        model.init_state(2)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_softmax_transformer_mask(causal):
+    torch.manual_seed(7)
+    model = create_model(TransformerArch(type="softmax_transformer", width=16, n_layers=2, causal=causal), TASK).double()
+    tokens = TASK.sample(2, seed=0, dtype=torch.float64).tokens
+    t2 = tokens.clone()
+    t2[:, -1, :3] += 1.0
+    first_changed = (model(t2)[:, 0] - model(tokens)[:, 0]).abs().max() > 1e-9
+    assert first_changed == (not causal)
+    assert not model.recurrent
+    with pytest.raises(ValueError, match="max_len"):
+        model(torch.zeros(1, 300, TASK.token_dim, dtype=torch.float64))
+
+
+def test_variant_only_for_lru():
+    with pytest.raises(ValueError, match="variant"):
+        RecurrentStackArch(type="gru", variant="in_out")
+
+
+def test_lru_ring_init_radius():
+    torch.manual_seed(8)
+    block = LRUBlock(width=4, hidden=2000, r_min=0.5, r_max=0.9)
+    radius = torch.exp(-torch.exp(block.nu_log))
+    assert radius.min() >= 0.5 - 1e-3 and radius.max() <= 0.9 + 1e-3
+    # uniform on the ring by area: E[r²] = (r_min² + r_max²)/2
+    assert abs((radius**2).mean().item() - (0.25 + 0.81) / 2) < 0.01
+    assert math.isclose(torch.exp(block.gamma_log).pow(2).add(radius**2).mean().item(), 1.0, rel_tol=1e-5)

@@ -1,0 +1,85 @@
+"""Sweeps (local and Ray backends), entry overrides, and the comparison report."""
+
+import json
+
+import pytest
+
+import zoo
+from zoo.registry import RegistryError, with_overrides
+from zoo.report import collect, write_report
+from zoo.sweep import expand, load_spec, run_sweep
+
+SPEC = """
+name = "tiny"
+entries = ["gated-rnn-zucchet-icl", "lsa-gd-zucchet-icl"]
+seeds = [0, 1]
+steps = 3
+"""
+
+
+def test_overrides_are_validated_with_the_field_named():
+    entry = zoo.get_entry("gated-rnn-zucchet-icl")
+    assert with_overrides(entry, {"arch.hidden": 16, "source.lr": 3e-4}).arch.hidden == 16
+    with pytest.raises(RegistryError, match="arch.hidden"):
+        with_overrides(entry, {"arch.hidden": -1})
+    with pytest.raises(RegistryError, match="arch.hiden"):
+        with_overrides(entry, {"arch.hiden": 16})
+
+
+def test_spec_expands_and_rejects_bad_grids(tmp_path):
+    spec_file = tmp_path / "s.toml"
+    spec_file.write_text(SPEC + '[grid]\n"arch.hidden" = [8, 12]\n')
+    with pytest.raises(RegistryError):  # the constructed LSA has no 'hidden'
+        expand(load_spec(spec_file))
+    spec_file.write_text(SPEC.replace(', "lsa-gd-zucchet-icl"', "") + '[grid]\n"arch.hidden" = [8, 12]\n')
+    runs = expand(load_spec(spec_file))
+    assert [r.name for r in runs] == ["gated-rnn-zucchet-icl--seed0--hidden=8", "gated-rnn-zucchet-icl--seed1--hidden=8",
+                                      "gated-rnn-zucchet-icl--seed0--hidden=12", "gated-rnn-zucchet-icl--seed1--hidden=12"]
+    spec_file.write_text("name = 'x'\nentries = []\n")
+    with pytest.raises(ValueError, match="invalid sweep spec"):
+        load_spec(spec_file)
+
+
+def test_local_sweep_runs_resumes_and_reports(tmp_path):
+    spec_file = tmp_path / "s.toml"
+    spec_file.write_text(SPEC)
+    spec = load_spec(spec_file)
+    rows = run_sweep(spec, tmp_path / "out", progress=False)
+    # two seeds of the trained entry, one run of the constructed one
+    assert [r["status"] for r in rows] == ["built"] * 3
+    assert {r["run"] for r in rows} == {"gated-rnn-zucchet-icl--seed0", "gated-rnn-zucchet-icl--seed1", "lsa-gd-zucchet-icl"}
+    assert rows[0]["steps"] == 3 and rows[0]["test_loss"] != rows[1]["test_loss"]  # seeds differ
+    again = run_sweep(spec, tmp_path / "out", progress=False)
+    assert [r["status"] for r in again] == ["cached"] * 3
+    assert [r["test_loss"] for r in again] == [r["test_loss"] for r in rows]
+    table = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert len(table) == 3 and (tmp_path / "out" / "results.md").read_text().startswith("| run |")
+    # every run is an ordinary checkpoint
+    ckpt = zoo.load(str(tmp_path / "out" / "gated-rnn-zucchet-icl--seed1"))
+    assert ckpt.provenance["seed"] == 1
+    report_rows = collect([tmp_path / "out"])
+    md, png = write_report(report_rows, tmp_path / "report")
+    text = md.read_text()
+    assert "## zucchet-icl" in text and "lsa-gd-zucchet-icl" in text and png.stat().st_size > 10_000
+
+
+def test_ray_sweep_matches_local(tmp_path):
+    pytest.importorskip("ray")
+    spec_file = tmp_path / "s.toml"
+    spec_file.write_text(SPEC)
+    spec = load_spec(spec_file)
+    local = run_sweep(spec, tmp_path / "local", progress=False)
+    remote = run_sweep(spec, tmp_path / "ray", backend="ray")
+    assert [r["run"] for r in remote] == [r["run"] for r in local]
+    assert [r["test_loss"] for r in remote] == pytest.approx([r["test_loss"] for r in local], rel=1e-6)
+
+
+def test_ensemble_sweep_saves_each_member_as_a_checkpoint(tmp_path):
+    spec_file = tmp_path / "s.toml"
+    spec_file.write_text(SPEC.replace(', "lsa-gd-zucchet-icl"', "") + "ensemble = true\n")
+    rows = run_sweep(load_spec(spec_file), tmp_path / "out", progress=False)
+    assert [r["status"] for r in rows] == ["built (ensemble of 2)"] * 2
+    solo = run_sweep(load_spec(spec_file).model_copy(update={"ensemble": False}), tmp_path / "solo", progress=False)
+    assert [r["test_loss"] for r in rows] == pytest.approx([r["test_loss"] for r in solo], rel=1e-4)
+    ckpt = zoo.load(str(tmp_path / "out" / "gated-rnn-zucchet-icl--seed1"))
+    assert ckpt.provenance["ensemble"] == {"members": 2, "seeds": [0, 1]}

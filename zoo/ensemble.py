@@ -1,0 +1,158 @@
+"""Train E models of one architecture in one process, as one batched computation.
+
+Tiny models leave a GPU idle between kernel launches; stacking E members along a new leading
+axis (`torch.func.stack_module_state`) and mapping the model over it (`vmap`) turns E small
+launches into one larger one. Member e is the model `train` would produce alone with seed
+s_e: the same initial weights (drawn after `torch.manual_seed(s_e)`), the same data stream
+(its own generator seeded s_e), AdamW acting elementwise, per-member gradient clipping. Only
+the rounding of batched kernels differs (tested to tolerance on CPU).
+
+`data="shared"` instead draws one batch of E × B tasks from a single generator (one sampling
+call per step: faster, but members no longer match their solo runs).
+
+The run folder holds the same resumable safetensors state as `train` (the stacked weights,
+AdamW moments and every member's generator), so an interrupted ensemble resumes.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.func import functional_call, stack_module_state, vmap
+from tqdm.auto import tqdm
+
+from zoo.train import STATE_FILE, TrainingDiverged, default_device, load_state, lr_factor, make_optimizer, save_state
+
+
+def _safe(name: str) -> str:
+    return name.replace(".", "__")
+
+
+class StackedParameters(nn.Module):
+    """The members' parameters stacked on axis 0, under the base model's (escaped) names, so
+    the optimiser groups and the safetensors state work as for one model."""
+
+    def __init__(self, base: nn.Module, stacked: dict[str, torch.Tensor]):
+        super().__init__()
+        self.names = list(stacked)
+        for name, value in stacked.items():
+            self.register_parameter(_safe(name), nn.Parameter(value.detach().clone()))
+        self._exempt = {_safe(n) for n in (base.no_weight_decay() if hasattr(base, "no_weight_decay") else set())}
+        self._recurrent = {_safe(n) for n in getattr(base, "recurrent_parameter_names", lambda: set())()}
+
+    def by_name(self) -> dict[str, torch.Tensor]:
+        return {n: getattr(self, _safe(n)) for n in self.names}
+
+    def no_weight_decay(self) -> set[str]:
+        return self._exempt
+
+    def recurrent_parameter_names(self) -> set[str]:
+        return self._recurrent
+
+
+@dataclass
+class EnsembleResult:
+    models: list[nn.Module]
+    steps: int
+    history: list[dict] = field(default_factory=list)  # {"step", "train_loss": [E], "val_loss": [E]}
+
+
+def init_members(make_model, seeds: list[int]) -> list[nn.Module]:
+    members = []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        members.append(make_model())
+    return members
+
+
+def train_ensemble(make_model, task, recipe, seeds: list[int], *, run_dir: Path, validation_batch=None,
+                   steps: int | None = None, device=None, data: str = "per_member", progress: bool = True) -> EnsembleResult:
+    """Train one member per seed; `make_model()` builds an untrained model (called after seeding)."""
+    if data not in ("per_member", "shared"):
+        raise ValueError(f"data must be 'per_member' or 'shared', got {data!r}")
+    device = torch.device(device) if device else default_device()
+    total = steps or recipe.steps
+    members = [m.to(device) for m in init_members(make_model, seeds)]
+    base = copy.deepcopy(members[0]).to("meta")
+    params, buffers = stack_module_state(members)
+    stacked = StackedParameters(members[0], params).to(device)
+    opt = make_optimizer(stacked, recipe)
+    generators = [torch.Generator(device=device).manual_seed(s) for s in (seeds if data == "per_member" else seeds[:1])]
+    run_dir = Path(run_dir)
+    start, history = 0, []
+    if (run_dir / STATE_FILE).exists():
+        start, history = load_state(run_dir, stacked, opt, generators)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, recipe, total), last_epoch=start - 1)
+
+    def member_loss(p, b, tokens, targets):
+        return task.loss(base.readout(functional_call(base, (p, b), (tokens,))), targets)
+
+    batched_loss = vmap(member_loss)
+    E, B = len(seeds), recipe.batch_size
+    val = None
+    if validation_batch is not None:
+        val = (validation_batch.tokens.to(device), validation_batch.targets.to(device))
+    running, count = torch.zeros(E, device=device), 0
+    bar = tqdm(total=total, initial=start, disable=not progress, desc=f"train ×{E}", unit="step", dynamic_ncols=True)
+    for step in range(start, total):
+        tokens, targets = _sample(task, generators, E, B)
+        losses = batched_loss(stacked.by_name(), buffers, tokens, targets)  # (E,)
+        if not torch.isfinite(losses).all():
+            bad = [seeds[i] for i in torch.nonzero(~torch.isfinite(losses)).flatten().tolist()]
+            raise TrainingDiverged(f"loss of member(s) with seed {bad} is not finite at step {step}; the last good "
+                                   f"ensemble state is kept in {run_dir}")
+        opt.zero_grad(set_to_none=True)
+        losses.sum().backward()  # members are independent: each gets its own gradient
+        if recipe.grad_clip:
+            _clip_per_member(stacked, recipe.grad_clip)
+        opt.step()
+        sched.step()
+        running += losses.detach()
+        count += 1
+        done = step + 1
+        if done % recipe.eval_every == 0 or done == total:
+            record = {"step": done, "train_loss": (running / count).tolist(), "lr": sched.get_last_lr()[0]}
+            running, count = torch.zeros(E, device=device), 0
+            if val is not None:
+                with torch.no_grad():
+                    record["val_loss"] = vmap(member_loss, in_dims=(0, 0, None, None))(stacked.by_name(), buffers, *val).tolist()
+            history.append(record)
+            bar.set_postfix({"mean_loss": f"{sum(record['train_loss']) / E:.4g}"})
+        if done % recipe.checkpoint_every == 0 or done == total:
+            save_state(run_dir, stacked, opt, generators, done, history)
+        bar.update(1)
+    bar.close()
+    return EnsembleResult(models=unstack(make_model, stacked, E), steps=total, history=history)
+
+
+def _sample(task, generators, E: int, B: int):
+    if len(generators) == E:
+        batches = [task.sample(B, generator=g) for g in generators]
+        return torch.stack([b.tokens for b in batches]), torch.stack([b.targets for b in batches])
+    b = task.sample(E * B, generator=generators[0])
+    return b.tokens.view(E, B, *b.tokens.shape[1:]), b.targets.view(E, B, *b.targets.shape[1:])
+
+
+@torch.no_grad()
+def _clip_per_member(stacked: StackedParameters, max_norm: float) -> None:
+    grads = [p.grad for p in stacked.parameters() if p.grad is not None]
+    norms = torch.sqrt(sum((g.flatten(1) ** 2).sum(1) for g in grads))  # (E,)
+    scale = torch.clamp(max_norm / (norms + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(scale.view(-1, *([1] * (g.dim() - 1))))
+
+
+@torch.no_grad()
+def unstack(make_model, stacked: StackedParameters, E: int) -> list[nn.Module]:
+    models = []
+    for e in range(E):
+        model = make_model().to(next(stacked.parameters()).device)
+        weights = stacked.by_name()
+        for name, p in model.named_parameters():
+            p.copy_(weights[name][e])
+        models.append(model)
+    return models

@@ -1,0 +1,74 @@
+"""LSTM and GRU blocks (Hochreiter & Schmidhuber 1997; Cho et al. 2014), as compared in Zucchet
+et al. (A.2, A.3; Figure 4) and the blogpost (uni- and bi-directional LSTMs).
+
+`forward` runs torch's fused nn.LSTM / nn.GRU; `step` is the same cell written out with the
+same parameters (PyTorch's gate order and biases), so streaming and batch agree (tested):
+
+    LSTM   i, f, g, o = σ, σ, tanh, σ of (W_ih x + b_ih + W_hh h + b_hh) split in four
+           c' = f ⊙ c + i ⊙ g ;  h' = o ⊙ tanh(c')
+    GRU    r, z = σ(W_i{r,z} x + b_i{r,z} + W_h{r,z} h + b_h{r,z})
+           n = tanh(W_in x + b_in + r ⊙ (W_hn h + b_hn)) ;  h' = (1 − z) ⊙ n + z ⊙ h
+
+The fused kernels fix the sequence length when exported, so these models export their
+whole-sequence graph at the task's length (`dynamic_time = False`); the step graph streams
+any length. A bidirectional LSTM sees the future and has no constant-size state.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from zoo.models.stack import RecurrentBlock
+
+
+class LSTMBlock(RecurrentBlock):
+    dynamic_time = False
+
+    def __init__(self, width: int, bidirectional: bool = False):
+        super().__init__()
+        self.recurrent = not bidirectional
+        self.width = width
+        self.bidirectional = bidirectional
+        hidden = width // 2 if bidirectional else width
+        self.lstm = nn.LSTM(width, hidden, batch_first=True, bidirectional=bidirectional)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lstm(x)[0]  # (B, T, width)
+
+    def state_shapes(self):
+        return [("h", (self.width,)), ("c", (self.width,))]
+
+    def step(self, x: torch.Tensor, state: tuple[torch.Tensor, ...]):
+        h, c = state
+        gates = x @ self.lstm.weight_ih_l0.T + self.lstm.bias_ih_l0 + h @ self.lstm.weight_hh_l0.T + self.lstm.bias_hh_l0
+        i, f, g, o = gates.chunk(4, dim=-1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        return h, (h, c)
+
+
+class GRUBlock(RecurrentBlock):
+    dynamic_time = False
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.width = width
+        self.gru = nn.GRU(width, width, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gru(x)[0]
+
+    def state_shapes(self):
+        return [("h", (self.width,))]
+
+    def step(self, x: torch.Tensor, state: tuple[torch.Tensor, ...]):
+        (h,) = state
+        gi = x @ self.gru.weight_ih_l0.T + self.gru.bias_ih_l0
+        gh = h @ self.gru.weight_hh_l0.T + self.gru.bias_hh_l0
+        i_r, i_z, i_n = gi.chunk(3, dim=-1)
+        h_r, h_z, h_n = gh.chunk(3, dim=-1)
+        r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
+        n = torch.tanh(i_n + r * h_n)
+        h = (1 - z) * n + z * h
+        return h, (h,)

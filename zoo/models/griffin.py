@@ -1,0 +1,107 @@
+"""Griffin (De et al. 2024): RG-LRU recurrent blocks mixed with local (sliding-window)
+attention, as a baseline of Sushma, Tian et al. Both have constant-size state.
+
+Recurrent block (two branches, block input x_t ∈ R^w, recurrence width e):
+
+    g_t = GeLU(W_g x_t) ;  u_t = causal depthwise conv_k(W_u x_t)_t
+    r_t = σ(W_a u_t + b_a),  i_t = σ(W_i u_t + b_i)                  recurrence and input gates
+    log a_t = −c · r_t ⊙ softplus(−Λ)       (a_t = σ(Λ)^{c r_t}, c = 8)
+    h_t = a_t ⊙ h_{t−1} + √(1 − a_t²) ⊙ (i_t ⊙ u_t)                  RG-LRU
+    out_t = W_o (g_t ⊙ h_t)
+
+Local attention block (one head, window W, the current token included):
+
+    out_t = W_o Σ_{s = t−W+1..t, s ≥ 1} softmax_s(q_tᵀ k_s / √d_k) v_s
+
+its state is the last W−1 keys and values and which of those slots are filled. The original
+adds RMSNorm and MLP blocks; the zoo's comparison models have no norms (as Zucchet et al.).
+
+Glossary: `lam` = Λ, `c` = 8; `w_g, w_u, w_o` = the branch projections; `gate_a, gate_i` =
+(W_a, b_a), (W_i, b_i); `window` = W.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from zoo.models.scan import parallel_scan
+from zoo.models.stack import RecurrentBlock
+
+RG_LRU_C = 8.0
+
+
+class GriffinRecurrentBlock(RecurrentBlock):
+    def __init__(self, width: int, expand: int = 1, conv_kernel: int = 4, r_min: float = 0.9, r_max: float = 0.999):
+        super().__init__()
+        e = expand * width
+        self.inner, self.kernel = e, conv_kernel
+        self.w_g = nn.Linear(width, e)
+        self.w_u = nn.Linear(width, e)
+        self.conv = nn.Conv1d(e, e, conv_kernel, groups=e)
+        self.gate_a = nn.Linear(e, e)
+        self.gate_i = nn.Linear(e, e)
+        # a^c uniform in [r_min, r_max] at r = 1, as in the paper
+        a = torch.empty(e).uniform_(r_min**2, r_max**2) ** (1 / RG_LRU_C)
+        self.lam = nn.Parameter(torch.log(a / (1 - a)))  # σ(Λ) = a
+        self.w_o = nn.Linear(e, width)
+
+    def _recurrence_terms(self, u: torch.Tensor):
+        log_a = -RG_LRU_C * torch.sigmoid(self.gate_a(u)) * F.softplus(-self.lam)
+        a = torch.exp(log_a)
+        b = torch.sqrt(torch.clamp(1 - a * a, min=1e-12)) * torch.sigmoid(self.gate_i(u)) * u
+        return a, b
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = F.gelu(self.w_g(x))
+        u = self.conv(F.pad(self.w_u(x).transpose(1, 2), (self.kernel - 1, 0))).transpose(1, 2)  # (B, T, e)
+        a, b = self._recurrence_terms(u)
+        return self.w_o(g * parallel_scan(a, b))
+
+    def state_shapes(self):
+        return [("conv", (self.kernel - 1, self.inner)), ("h", (self.inner,))]
+
+    def step(self, x: torch.Tensor, state: tuple[torch.Tensor, ...]):
+        conv_in, h = state
+        g = F.gelu(self.w_g(x))
+        window = torch.cat([conv_in, self.w_u(x).unsqueeze(1)], dim=1)  # (B, k, e)
+        u = (window * self.conv.weight[:, 0].T).sum(1) + self.conv.bias
+        a, b = self._recurrence_terms(u)
+        h = a * h + b
+        return self.w_o(g * h), (window[:, 1:], h)
+
+
+class LocalAttentionBlock(RecurrentBlock):
+    def __init__(self, width: int, window: int = 8, head_dim: int | None = None):
+        super().__init__()
+        self.window, self.head_dim = window, head_dim or width
+        self.qkv = nn.Linear(width, 3 * self.head_dim, bias=False)
+        self.w_o = nn.Linear(self.head_dim, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)  # (B, T, d)
+        T = x.shape[1]
+        t = torch.arange(T, device=x.device)
+        lag = t.unsqueeze(1) - t  # [t, s] = t − s
+        allowed = (lag >= 0) & (lag < self.window)
+        scores = (q @ k.transpose(1, 2)) / math.sqrt(self.head_dim)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        return self.w_o(torch.softmax(scores, dim=-1) @ v)
+
+    def state_shapes(self):
+        w, d = self.window - 1, self.head_dim
+        return [("keys", (w, d)), ("values", (w, d)), ("filled", (w,))]
+
+    def step(self, x: torch.Tensor, state: tuple[torch.Tensor, ...]):
+        keys, values, filled = state  # (B, W−1, d), (B, W−1, d), (B, W−1) oldest first
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        keys = torch.cat([keys, k.unsqueeze(1)], dim=1)  # (B, W, d)
+        values = torch.cat([values, v.unsqueeze(1)], dim=1)
+        filled = torch.cat([filled, torch.ones_like(filled[:, :1])], dim=1)
+        scores = (keys @ q.unsqueeze(-1)).squeeze(-1) / math.sqrt(self.head_dim)  # (B, W)
+        scores = scores.masked_fill(filled == 0, float("-inf"))
+        out = (torch.softmax(scores, dim=-1).unsqueeze(1) @ values).squeeze(1)
+        return self.w_o(out), (keys[:, 1:], values[:, 1:], filled[:, 1:])

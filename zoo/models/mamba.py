@@ -1,0 +1,79 @@
+"""Mamba (Gu & Dao 2023): a selective state-space block, as a baseline of Sushma, Tian et al.
+
+Per time step, with block input x_t ∈ R^w, expanded width e and state size N:
+
+    (u_t, z_t)   = W_in x_t                              u, z ∈ R^e
+    u_t          = SiLU(causal depthwise conv_k(u)_t)
+    (δ_t, B_t, C_t) = W_x u_t                            δ ∈ R^r, B_t, C_t ∈ R^N   (selective)
+    Δ_t          = softplus(W_dt δ_t + b_dt)             ∈ R^e
+    h_t          = exp(Δ_t ⊗ A) ⊙ h_{t−1} + (Δ_t ⊗ B_t) ⊙ u_t        h ∈ R^{e×N}, A = −exp(A_log)
+    y_t          = h_t C_t + D ⊙ u_t
+    out_t        = W_out (y_t ⊙ SiLU(z_t))
+
+`forward` runs the recurrence with the parallel scan (input-dependent a_t = exp(Δ_t A)) or,
+with `parallel=False`, the sequential one; `step` keeps the last k−1 conv inputs and h.
+
+Glossary: `in_proj` = W_in, `conv` = conv_k, `x_proj` = W_x, `dt_proj` = (W_dt, b_dt),
+`a_log` = A_log, `d` = D, `out_proj` = W_out; e = `expand`·w, N = `state_size`, r = `dt_rank`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from zoo.models.scan import parallel_scan, sequential_scan
+from zoo.models.stack import RecurrentBlock
+
+
+class MambaBlock(RecurrentBlock):
+    def __init__(self, width: int, state_size: int = 16, expand: int = 2, conv_kernel: int = 4, dt_rank: int | None = None):
+        super().__init__()
+        e = expand * width
+        self.inner, self.state_size, self.kernel = e, state_size, conv_kernel
+        self.dt_rank = dt_rank or math.ceil(width / 16)
+        self.in_proj = nn.Linear(width, 2 * e, bias=False)
+        self.conv = nn.Conv1d(e, e, conv_kernel, groups=e, padding=0)
+        self.x_proj = nn.Linear(e, self.dt_rank + 2 * state_size, bias=False)
+        self.dt_proj = nn.Linear(self.dt_rank, e)
+        # Δ initialised in [1e-3, 1e-1] through the inverse softplus of the bias (as in Mamba)
+        dt = torch.exp(torch.empty(e).uniform_(math.log(1e-3), math.log(1e-1)))
+        with torch.no_grad():
+            self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+        self.a_log = nn.Parameter(torch.log(torch.arange(1, state_size + 1, dtype=torch.float32)).repeat(e, 1))  # (e, N)
+        self.d = nn.Parameter(torch.ones(e))
+        self.out_proj = nn.Linear(e, width, bias=False)
+
+    def _selective(self, u: torch.Tensor):
+        """Δ ⊗ A and (Δ ⊗ B) ⊙ u, C for conv outputs u (…, e)."""
+        dt_raw, b, c = self.x_proj(u).split([self.dt_rank, self.state_size, self.state_size], dim=-1)
+        dt = F.softplus(self.dt_proj(dt_raw))  # (…, e)
+        a = torch.exp(dt.unsqueeze(-1) * -torch.exp(self.a_log))  # (…, e, N)
+        bu = (dt * u).unsqueeze(-1) * b.unsqueeze(-2)  # (…, e, N)
+        return a, bu, c
+
+    def forward(self, x: torch.Tensor, *, parallel: bool = True) -> torch.Tensor:
+        B, T, _ = x.shape
+        u, z = self.in_proj(x).chunk(2, dim=-1)  # (B, T, e)
+        u = F.silu(self.conv(F.pad(u.transpose(1, 2), (self.kernel - 1, 0))).transpose(1, 2))
+        a, bu, c = self._selective(u)
+        scan = parallel_scan if parallel else sequential_scan
+        h = scan(a.flatten(2), bu.flatten(2)).view(B, T, self.inner, self.state_size)  # (B, T, e, N)
+        y = (h @ c.unsqueeze(-1)).squeeze(-1) + self.d * u
+        return self.out_proj(y * F.silu(z))
+
+    def state_shapes(self):
+        return [("conv", (self.kernel - 1, self.inner)), ("h", (self.inner, self.state_size))]
+
+    def step(self, x: torch.Tensor, state: tuple[torch.Tensor, ...]):
+        conv_in, h = state  # (B, k−1, e), (B, e, N)
+        u, z = self.in_proj(x).chunk(2, dim=-1)
+        window = torch.cat([conv_in, u.unsqueeze(1)], dim=1)  # (B, k, e)
+        u = F.silu((window * self.conv.weight[:, 0].T).sum(1) + self.conv.bias)
+        a, bu, c = self._selective(u)
+        h = a * h + bu
+        y = (h @ c.unsqueeze(-1)).squeeze(-1) + self.d * u
+        return self.out_proj(y * F.silu(z)), (window[:, 1:], h)

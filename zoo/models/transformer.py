@@ -1,0 +1,66 @@
+"""Softmax transformer in the Garg et al. / blogpost setting: GPT-2-style pre-norm blocks,
+one head, learned positions, and no causal mask on the regression prompt (every token sees
+the whole prompt), so it has no recurrent form.
+
+    x_0 = E s + P ;  x ← x + Attn(LN(x)) ;  x ← x + MLP(LN(x))  (L times) ;  out = W_out LN(x)
+    Attn(x)_t = W_o Σ_s softmax_s(q_tᵀ k_s / √d) v_s            (s ≤ t only with `causal`)
+
+Glossary: `embed` = E, `positions` = P (max_len × w), `blocks` = the L layers, `head` = W_out.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from zoo.models.base import ZooModel
+from zoo.tasks.regression import Readout
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, width: int, heads: int, mlp: bool):
+        super().__init__()
+        if width % heads:
+            raise ValueError(f"width {width} is not divisible by heads {heads}")
+        self.heads = heads
+        self.ln_attn = nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.mlp = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)) if mlp else None
+
+    def forward(self, x: torch.Tensor, causal: bool) -> torch.Tensor:
+        B, T, w = x.shape
+        q, k, v = self.qkv(self.ln_attn(x)).view(B, T, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)  # (B, H, T, d)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(w // self.heads)  # (B, H, T, T)
+        if causal:
+            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+            scores = scores.masked_fill(future, float("-inf"))
+        attended = (F.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, w)
+        x = x + self.proj(attended)
+        return x + self.mlp(x) if self.mlp is not None else x
+
+
+class SoftmaxTransformer(ZooModel):
+    recurrent = False
+
+    def __init__(self, d_in: int, d_out: int, readout: Readout, *, width: int = 64, n_layers: int = 1, heads: int = 1,
+                 mlp: bool = True, causal: bool = False, max_len: int = 256):
+        super().__init__(d_in=d_in, d_out=d_out, readout=readout)
+        self.causal = causal
+        self.embed = nn.Linear(d_in, width)
+        self.positions = nn.Parameter(torch.randn(max_len, width) * 0.02)
+        self.blocks = nn.ModuleList(TransformerBlock(width, heads, mlp) for _ in range(n_layers))
+        self.ln_out = nn.LayerNorm(width)
+        self.head = nn.Linear(width, d_out)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        T = tokens.shape[1]
+        if T > self.positions.shape[0]:
+            raise ValueError(f"sequence of {T} tokens is longer than max_len = {self.positions.shape[0]}")
+        x = self.embed(tokens) + self.positions[:T]
+        for block in self.blocks:
+            x = block(x, self.causal)
+        return self.head(self.ln_out(x))

@@ -1,0 +1,191 @@
+"""Sweeps: a TOML grid of entries × seeds × field overrides, run locally or on Ray, gathered
+into one results table. Every run is an ordinary checkpoint folder (publish/stream as usual).
+
+    name = "figure-3b"
+    entries = ["gated-rnn-zucchet-icl"]
+    seeds = [0, 1, 2, 3]
+    steps = 20000                       # optional: override every recipe's step count
+    [grid]
+    "arch.hidden" = [16, 32, 64, 128]   # dotted entry fields → values (Cartesian product)
+
+With `ensemble = true` the seeds of each (entry, overrides) train as one batched ensemble
+(zoo/ensemble.py); each member is still saved as its own checkpoint.
+
+Runs are named `<entry>--seed<S>[--<field>=<value>…]` under the sweep's output folder. A
+finished run (its config.json exists) is skipped, so re-running a sweep after an interruption
+resumes it; an interrupted training run resumes from its own training state.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+RESULT_COLUMNS = ("test_loss", "gd_loss", "lstsq_loss", "pred_l2_to_gd", "sensitivity_cosine", "polynomial_distance")
+
+
+class SweepSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str  # also the default output folder, runs/<name>
+    entries: list[str] = Field(min_length=1)  # registry entries
+    seeds: list[int] = [0]  # training seeds (constructed entries run once)
+    steps: int | None = Field(None, gt=0)  # override every trained entry's step count
+    device: str | None = None  # default: CUDA when available
+    ensemble: bool = False  # train the seeds of each (entry, overrides) as one batched ensemble (zoo/ensemble.py)
+    grid: dict[str, list[Any]] = {}  # dotted field → values
+
+
+@dataclass(frozen=True)
+class Run:
+    entry: str
+    seed: int | None
+    overrides: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        parts = [self.entry] + ([f"seed{self.seed}"] if self.seed is not None else [])
+        parts += [f"{k.split('.')[-1]}={v}" for k, v in self.overrides.items()]
+        return "--".join(parts)
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    path = Path(path)
+    try:
+        return SweepSpec.model_validate(tomllib.loads(path.read_text()))
+    except (tomllib.TOMLDecodeError, ValidationError) as e:
+        raise ValueError(f"{path}: invalid sweep spec:\n{e}") from None
+
+
+def expand(spec: SweepSpec) -> list[Run]:
+    """The runs of a spec, validated against the registry before anything trains."""
+    from zoo.registry import get_entry, with_overrides
+
+    keys = list(spec.grid)
+    runs = []
+    for name in spec.entries:
+        entry = get_entry(name)
+        seeds = spec.seeds if entry.source.kind == "trained" else [None]
+        for values in itertools.product(*(spec.grid[k] for k in keys)):
+            overrides = dict(zip(keys, values))
+            with_overrides(entry, overrides)  # fail now, not after hours of training
+            runs.extend(Run(name, seed, overrides) for seed in seeds)
+    return runs
+
+
+def run_one(run: Run, out_dir: str, steps: int | None, device: str | None, threads: int | None = None) -> dict:
+    """Build one run (or read it back when finished) and return its results row."""
+    from zoo.builder import build
+    from zoo.checkpoint import CONFIG, read_checkpoint
+
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)  # one Ray CPU per run: no oversubscription
+
+    folder = Path(out_dir) / run.name
+    if (folder / CONFIG).exists():
+        ckpt, status = read_checkpoint(folder), "cached"
+    else:
+        ckpt = build(run.entry, folder, steps=steps, device=device, seed=run.seed, overrides=run.overrides,
+                     progress=False)
+        status = "built"
+    row = {"run": run.name, "entry": run.entry, "seed": run.seed, **run.overrides, "status": status,
+           "steps": ckpt.provenance.get("steps"), "parameters": sum(p.numel() for p in ckpt.model.parameters())}
+    row.update({k: ckpt.metrics[k] for k in RESULT_COLUMNS if k in ckpt.metrics})
+    return row
+
+
+def run_group(runs: list[Run], out_dir: str, steps: int | None, device: str | None, threads: int | None = None) -> list[dict]:
+    """Runs that differ only in their seed: trained together as an ensemble when there are
+    several unfinished ones, then read back like any run."""
+    from zoo.checkpoint import CONFIG
+
+    pending = [r for r in runs if not (Path(out_dir) / r.name / CONFIG).exists()]
+    if len(pending) > 1:
+        from zoo.builder import build_ensemble
+
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        first = pending[0]
+        build_ensemble(first.entry, [r.seed for r in pending], [Path(out_dir) / r.name for r in pending],
+                       run_dir=Path(out_dir) / ".ensembles" / first.name.replace(f"--seed{first.seed}", ""),
+                       steps=steps, device=device, overrides=first.overrides, progress=False)
+    rows = [run_one(r, out_dir, steps, device, threads) for r in runs]
+    for r, row in zip(runs, rows):
+        if len(pending) > 1 and r in pending:
+            row["status"] = f"built (ensemble of {len(pending)})"
+    return rows
+
+
+def groups_of(runs: list[Run], ensemble: bool) -> list[list[Run]]:
+    if not ensemble:
+        return [[r] for r in runs]
+    grouped: dict[tuple, list[Run]] = {}
+    for r in runs:
+        grouped.setdefault((r.entry, tuple(r.overrides.items())), []).append(r)
+    return list(grouped.values())
+
+
+def run_sweep(spec: SweepSpec, out: str | Path | None = None, backend: Literal["local", "ray"] = "local",
+              address: str | None = None, gpus_per_run: float = 0.0, progress: bool = True) -> list[dict]:
+    out = Path(out or Path("runs") / spec.name)
+    out.mkdir(parents=True, exist_ok=True)
+    groups = groups_of(expand(spec), spec.ensemble)
+    if backend == "local":
+        from tqdm.auto import tqdm
+
+        bar = tqdm(groups, desc=spec.name, disable=not progress)
+        rows = [row for g in bar for row in run_group(g, str(out), spec.steps, spec.device)]
+    elif backend == "ray":
+        rows = _run_on_ray(groups, out, spec, address, gpus_per_run)
+    else:
+        raise ValueError(f"backend must be 'local' or 'ray', got {backend!r}")
+    write_results(rows, out)
+    return rows
+
+
+def _run_on_ray(groups: list[list[Run]], out: Path, spec: SweepSpec, address: str | None, gpus_per_run: float) -> list[dict]:
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError("the Ray backend needs Ray: pip install 'icl-zoo[ray]'") from None
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    try:
+        remote = ray.remote(num_cpus=1, num_gpus=gpus_per_run)(run_group)
+        results = ray.get([remote.remote(g, str(out.resolve()), spec.steps, spec.device, 1) for g in groups])
+        return [row for rows in results for row in rows]
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def write_results(rows: list[dict], out: Path) -> None:
+    """results.json (every column) and results.md (a table) in the sweep folder."""
+    (out / "results.json").write_text(json.dumps(rows, indent=2))
+    (out / "results.md").write_text(markdown_table(rows))
+
+
+def markdown_table(rows: list[dict]) -> str:
+    if not rows:
+        return "(no runs)\n"
+    columns = [c for c in rows[0] if c not in ("entry", "status")]
+    for row in rows[1:]:
+        columns += [c for c in row if c not in columns and c not in ("entry", "status")]
+
+    def fmt(v):
+        return f"{v:.5g}" if isinstance(v, float) else ("" if v is None else str(v))
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
