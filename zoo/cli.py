@@ -206,8 +206,18 @@ def cmd_sweep(args) -> int:
     from zoo.sweep import load_spec, markdown_table, run_sweep
 
     spec = load_spec(args.spec)
-    if args.steps:
-        spec = spec.model_copy(update={"steps": args.steps})
+    update = {"steps": args.steps} if args.steps else {}
+    if args.ensemble:
+        update["ensemble"] = True
+    if args.set:
+        grid = dict(spec.grid)
+        for item in args.set:
+            field, sep, value = item.partition("=")
+            if not sep:
+                raise ValueError(f"--set {item!r}: expected FIELD=VALUE")
+            grid[field] = [json.loads(value) if value[:1] in "-0123456789[{tf\"" else value]
+        update["grid"] = grid
+    spec = spec.model_copy(update=update)
     rows = run_sweep(spec, args.out, backend=args.backend, address=args.address, gpus_per_run=args.gpus_per_run,
                      progress=not args.quiet)
     print(markdown_table(rows), end="")
@@ -319,6 +329,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--gpus-per-run", type=float, default=0.0, help="Ray: fraction of a GPU per run")
     s.add_argument("--out", help="output folder (default: runs/<spec name>)")
     s.add_argument("--steps", type=int, help="override the spec's step count")
+    s.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override an entry field in every run, e.g. --set source.lr=3e-3 (repeatable)")
+    s.add_argument("--ensemble", action="store_true", help="train each entry's seeds as one batched ensemble")
     s.add_argument("--quiet", action="store_true")
     s.set_defaults(fn=cmd_sweep)
 

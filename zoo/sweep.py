@@ -71,9 +71,13 @@ def expand(spec: SweepSpec) -> list[Run]:
     runs = []
     for name in spec.entries:
         entry = get_entry(name)
-        seeds = spec.seeds if entry.source.kind == "trained" else [None]
-        for values in itertools.product(*(spec.grid[k] for k in keys)):
-            overrides = dict(zip(keys, values))
+        trained = entry.source.kind == "trained"
+        seeds = spec.seeds if trained else [None]
+        # seeds and training-recipe fields do not apply to constructed entries
+        applicable = [k for k in keys if trained or not k.startswith("source.")]
+        combos = itertools.product(*(spec.grid[k] for k in applicable))
+        for combo in dict.fromkeys(tuple(zip(applicable, values)) for values in combos):
+            overrides = dict(combo)
             with_overrides(entry, overrides)  # fail now, not after hours of training
             runs.extend(Run(name, seed, overrides) for seed in seeds)
     return runs
