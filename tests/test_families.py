@@ -137,3 +137,36 @@ def test_lru_ring_init_radius():
     # uniform on the ring by area: E[r²] = (r_min² + r_max²)/2
     assert abs((radius**2).mean().item() - (0.25 + 0.81) / 2) < 0.01
     assert math.isclose(torch.exp(block.gamma_log).pow(2).add(radius**2).mean().item(), 1.0, rel_tol=1e-5)
+
+
+def test_lstm_construction_approaches_the_lsa_as_epsilon_shrinks():
+    """Table 4: relative error O(ε²) in float64 (measured 1.1e-1, 1.2e-2, 1.3e-3, 1.2e-4, 1.3e-5
+    for ε = 0.1 … 0.001 on this LSA)."""
+    from zoo.constructions.lstm_from_lsa import lstm_from_lsa, lstm_width
+    from zoo.constructions.rnn_from_lsa import lsa_weights
+    from zoo.models.lsa import LinearSelfAttention
+    from zoo.registry import get_task_spec
+
+    task = get_task_spec("zucchet-icl").build()
+    d = task.token_dim
+    torch.manual_seed(0)
+    lsa = LinearSelfAttention(d, task.readout, attention="causal", residual=False, init_std=0.4).double()
+    b = task.sample(100, seed=1, dtype=torch.float64)
+    ref = lsa(b.tokens)
+    errors = []
+    for eps in (0.1, 0.01, 0.001):
+        model = create_model(RecurrentStackArch(type="lstm", width=lstm_width(d)), task).double()
+        lstm_from_lsa(model, *lsa_weights(lsa), scale=eps)
+        with torch.no_grad():
+            errors.append(((model(b.tokens) - ref).norm() / ref.norm()).item())
+    assert errors[2] < 3e-5
+    for coarse, fine in zip(errors, errors[1:]):
+        assert 50 < coarse / fine < 200  # ε² scaling: ×100 per decade
+
+
+def test_lstm_gd_entry_scores_close_to_gd():
+    import zoo
+
+    m = zoo.build("lstm-gd-zucchet-icl", progress=False).metrics
+    assert m["test_loss"] == pytest.approx(m["gd_loss"], rel=2e-2)
+    assert m["sensitivity_cosine"] > 0.99

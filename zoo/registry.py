@@ -177,8 +177,9 @@ class TrainRecipe(Strict):
 
 class Construction(Strict):
     kind: Literal["constructed"]
-    construction: Literal["gd", "rnn_from_lsa", "gd_ssm"]  # θ_GD (constructions/gd.py); gated RNN ⇐ LSA (rnn_from_lsa.py); GD-SSM (gd_ssm.py)
-    lsa: Literal["gd", "teacher"] = "gd"  # rnn_from_lsa: which LSA to implement (θ_GD or the task's teacher)
+    construction: Literal["gd", "rnn_from_lsa", "gd_ssm", "lstm_from_lsa"]  # θ_GD (constructions/gd.py); gated RNN ⇐ LSA (rnn_from_lsa.py); GD-SSM (gd_ssm.py); LSTM ≈ LSA (lstm_from_lsa.py)
+    lsa: Literal["gd", "teacher"] = "gd"  # rnn_from_lsa / lstm_from_lsa: which LSA to implement (θ_GD or the task's teacher)
+    scale: float = Field(0.01, gt=0)  # lstm_from_lsa: linearisation scale ε (error O(ε²) until rounding)
     compact: bool = False  # rnn_from_lsa: d(d+1)/2 key-value neurons instead of d²
     eta: float | Literal["analytic", "line_search"] = "analytic"  # GD rate (sum convention); "analytic": Zucchet C.2 (1 step); "line_search": best on the validation split for this many steps
 
@@ -246,14 +247,19 @@ def construction_problem(entry: Entry, task: TaskSpec) -> str | None:
         from zoo.constructions.gd_ssm import construction_problem as gd_ssm_problem
 
         return gd_ssm_problem(entry.arch.model_dump(), task.layout, task.d_x, task.d_y)
-    elif c.construction == "rnn_from_lsa":
-        if entry.arch.type != "gated_rnn" or entry.arch.recurrence != "diagonal":
-            return "'rnn_from_lsa' needs arch type 'gated_rnn' with diagonal recurrence"
+    elif c.construction in ("rnn_from_lsa", "lstm_from_lsa"):
         if c.lsa == "teacher" and task.kind != "lsa_teacher":
             return "lsa = 'teacher' needs an lsa_teacher task"
         if c.lsa == "gd" and (task.kind != "linear_regression" or task.layout != "pairs"):
             return "lsa = 'gd' needs a linear_regression task with layout 'pairs'"
         d = task.d if task.kind == "lsa_teacher" else task.d_x + task.d_y
+        if c.construction == "lstm_from_lsa":
+            a = entry.arch
+            if a.type != "lstm" or a.n_layers != 1 or a.width != 4 * d * d:
+                return f"'lstm_from_lsa' needs one 'lstm' layer of width 4d² = {4 * d * d}"
+            return None
+        if entry.arch.type != "gated_rnn" or entry.arch.recurrence != "diagonal":
+            return "'rnn_from_lsa' needs arch type 'gated_rnn' with diagonal recurrence"
         hidden = (d * (d + 1) // 2 if c.compact else d * d) + d
         if entry.arch.hidden != hidden or (entry.arch.gates or entry.arch.hidden) != d * d:
             return f"the {'compact' if c.compact else 'full'} construction for d={d} needs hidden = {hidden} and gates = {d * d}"

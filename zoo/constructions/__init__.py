@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from zoo.constructions.gd import construct_gd_lsa, gd_lsa_weights
 from zoo.constructions.gd_ssm import construct_gd_ssm
+from zoo.constructions.lstm_from_lsa import lstm_from_lsa
 from zoo.constructions.rnn_from_lsa import lsa_weights, rnn_from_lsa
 from zoo.models.lsa import LinearSelfAttention
 from zoo.tasks.regression import gd_predict, line_search_eta
@@ -40,8 +41,8 @@ def construct(entry, model, task, validation_batch=None):
         eta = resolve_eta(source.eta, task, n_steps, validation_batch, ridge=ridge)
         construct_gd_ssm(model, task.layout, task.d_x, task.d_y, eta)
         return {"eta": eta, "gd_steps": n_steps, "ridge": ridge}
-    if source.construction == "rnn_from_lsa":
-        info = {"lsa": source.lsa, "compact": source.compact}
+    if source.construction in ("rnn_from_lsa", "lstm_from_lsa"):
+        info = {"lsa": source.lsa}
         if source.lsa == "teacher":
             lsa = task.teacher()
         else:
@@ -49,10 +50,13 @@ def construct(entry, model, task, validation_batch=None):
             lsa = LinearSelfAttention(task.token_dim, task.readout, attention="causal", residual=False).double()
             construct_gd_lsa(lsa, task.d_x, eta)
             info["eta"] = eta
+        if source.construction == "lstm_from_lsa":
+            lstm_from_lsa(model, *lsa_weights(lsa), scale=source.scale)
+            return {**info, "scale": source.scale}
         rnn = rnn_from_lsa(*lsa_weights(lsa), task.readout, compact=source.compact)
         model.load_state_dict(rnn.state_dict())  # strict; casts the float64 construction to the model's dtype
-        return info
+        return {**info, "compact": source.compact}
     raise ValueError(f"unknown construction {source.construction!r}")
 
 
-__all__ = ["construct", "construct_gd_lsa", "construct_gd_ssm", "gd_lsa_weights", "resolve_eta", "rnn_from_lsa", "lsa_weights"]
+__all__ = ["construct", "construct_gd_lsa", "construct_gd_ssm", "lstm_from_lsa", "gd_lsa_weights", "resolve_eta", "rnn_from_lsa", "lsa_weights"]
