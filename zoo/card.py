@@ -68,7 +68,8 @@ def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
     entry, m = ckpt.entry, ckpt.metrics
     figures = []
     if ckpt.history:
-        plots.loss_curve(ckpt.history, folder / "loss_curve.png", gd_loss=m.get("gd_loss"), title=entry.name)
+        plots.loss_curve(ckpt.history, folder / "loss_curve.png", gd_loss=m.get("gd_loss"),
+                         gd_steps=m.get("gd_steps", 1), title=entry.name)
         figures.append({"file": "loss_curve.png", "alt": "training and validation loss vs steps, with the one-step-GD loss"})
     if entry.arch.type == "lsa":
         plots.weight_matrices(plots.lsa_matrices(ckpt.model), folder / "weights.png", title=f"{entry.name}: weight products")
@@ -79,6 +80,10 @@ def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
         plots.weight_matrices(gated_rnn_matrices(ckpt.model), folder / "weights.png",
                               title=f"{entry.name}: pruned weights, neurons sorted by λ (cf. Zucchet Fig. 2.A)")
         figures.append({"file": "weights.png", "alt": "gating weights, λ and readout of the pruned network"})
+    elif entry.arch.type == "gd_ssm":
+        plots.weight_matrices(plots.gd_ssm_matrices(ckpt.model), folder / "weights.png",
+                              title=f"{entry.name}: window projections, Λ and read-out (cf. Sushma, Tian et al. Fig. 3)")
+        figures.append({"file": "weights.png", "alt": "A, B (Ã, B̃), Λ of every layer and the read-out Q, R"})
 
     src = entry.source
     if src.kind == "constructed":

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 
-def loss_curve(history: list[dict], path: Path, *, gd_loss: float | None = None, title: str = "") -> Path:
+def loss_curve(history: list[dict], path: Path, *, gd_loss: float | None = None, gd_steps: int = 1, title: str = "") -> Path:
     steps = [h["step"] for h in history]
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
     ax.plot(steps, [h["train_loss"] for h in history], label="train (fresh tasks)")
@@ -19,7 +19,8 @@ def loss_curve(history: list[dict], path: Path, *, gd_loss: float | None = None,
         ax.plot([h["step"] for h in history if "val_loss" in h], [h["val_loss"] for h in history if "val_loss" in h],
                 label="validation (frozen split)")
     if gd_loss is not None:
-        ax.axhline(gd_loss, color="k", ls="--", lw=1, label=f"one GD step, η* ({gd_loss:.4g})")
+        steps_label = "one GD step" if gd_steps == 1 else f"{gd_steps} GD steps"
+        ax.axhline(gd_loss, color="k", ls="--", lw=1, label=f"{steps_label} ({gd_loss:.4g})")
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("loss  (½·MSE)")
@@ -61,4 +62,20 @@ def lsa_matrices(model) -> dict[str, torch.Tensor]:
     for i, layer in enumerate(model.layers):
         out[f"layer {i}: W_Kᵀ W_Q"] = layer.w_k.T @ layer.w_q
         out[f"layer {i}: W_P W_V"] = layer.w_p @ layer.w_v
+    return out
+
+
+def gd_ssm_matrices(model) -> dict[str, torch.Tensor]:
+    """What the GD-SSM construction fixes (Sushma, Tian et al. Fig. 3): the window projections
+    feeding each state (β folded into A), the decays Λ, and the query / read-out projections."""
+    out = {}
+    for i, layer in enumerate(model.layers):
+        out[f"layer {i}: β·A (values)"] = layer.beta * layer.a
+        out[f"layer {i}: B (keys)"] = layer.b
+        out[f"layer {i}: Λ"] = torch.exp(-torch.exp(layer.nu))
+        if layer.second_head:
+            out[f"layer {i}: Ã"] = layer.a_tilde
+            out[f"layer {i}: B̃"] = layer.b_tilde
+    out["Q (query)"] = model.q
+    out["R (read-out gate)"] = model.r
     return out
