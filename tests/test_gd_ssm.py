@@ -158,3 +158,20 @@ def test_task_spec_rejects_products_with_vector_targets():
         TASK_ADAPTER.validate_python({"kind": "linear_regression", "d_x": 3, "d_y": 2, "n_context": 4,
                                       "layout": "products", "splits": {}})
     assert get_task_spec("gdssm-1d-f10-n10").layout == "products"
+
+
+def test_input_scale_curve_constructed_matches_gd_and_s5_does_not():
+    """Figs. 1D/2D: a GD-SSM is GD at every input scale; an (untrained) S5 is not."""
+    from zoo.evaluate import input_scale_curve
+    from zoo.models import create_model
+
+    task = get_task_spec("gdssm-1d-f10-n10").build()
+    model = constructed(task, eta=task.analytic_eta()).float()
+    rows = input_scale_curve(model, task, [0.5, 1.0, 3.0], n=500)
+    assert [r["input_scale"] for r in rows] == [0.5, 1.0, 3.0]
+    for r in rows:
+        assert r["test_loss"] == pytest.approx(r["gd_loss"], rel=1e-4)
+    assert rows[2]["gd_loss"] > 10 * rows[0]["gd_loss"]  # the scale really changes the problem
+    torch.manual_seed(0)
+    s5 = create_model(zoo.get_entry("s5-1d").arch, task)
+    assert abs(input_scale_curve(s5, task, [1.0], n=500)[0]["test_loss"] - rows[1]["gd_loss"]) > 1e-2

@@ -71,6 +71,10 @@ def cmd_eval(args) -> int:
     metrics = evaluate(ckpt.model, task, split.batch(task), **reference)
     metrics["dataset"] = split.name
     metrics["dataset_sha256"] = split.sha256
+    if args.input_scales:
+        from zoo.evaluate import input_scale_curve
+
+        metrics["input_scale_curve"] = input_scale_curve(ckpt.model, task, args.input_scales, **reference)
     if args.json:
         _print_json(metrics)
     else:
@@ -265,6 +269,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--dataset", help="Hub dataset repo ORG/NAME holding the frozen test split")
     s.add_argument("--dataset-revision")
     s.add_argument("--endpoint", help="Hub endpoint (default: HF_ENDPOINT or huggingface.co)")
+    s.add_argument("--input-scales", type=float, nargs="+", metavar="ALPHA",
+                   help="also score inputs scaled by ALPHA (out of distribution), beside GD at the same η")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_eval)
 

@@ -118,3 +118,25 @@ def evaluate_regression(model, task: LinearRegressionTask, batch: TaskBatch, *, 
         "sensitivity_cosine": cos.mean().item(),
         "n_tasks": int(tokens.shape[0]),
     }
+
+
+def input_scale_curve(model, task: LinearRegressionTask, scales: list[float], *, eta: float | None = None,
+                      gd_steps: int = 1, ridge: float = 0.0, n: int = 2000, seed: int = 0) -> list[dict]:
+    """Loss of the model and of GD (at the training distribution's η) on inputs x ~ U(−α, α)
+    for each α in `scales` (Sushma, Tian et al. Figs. 1D/2D: out-of-distribution input scales).
+    Tasks are sampled from `seed`, the same ones for every model."""
+    import dataclasses
+
+    if not isinstance(task, LinearRegressionTask):
+        raise ValueError("input-scale curves are defined for in-context regression tasks")
+    eta = task.analytic_eta() if eta is None else eta
+    param = next(model.parameters())
+    rows = []
+    for alpha in scales:
+        shifted = dataclasses.replace(task, x_scale=task.x_scale * alpha)
+        b = shifted.sample(n, seed=seed, dtype=torch.float64)
+        with torch.no_grad():
+            pred = model.predict(b.tokens.to(param)).double()
+        rows.append({"input_scale": alpha, "test_loss": task.loss(pred, b.targets).item(),
+                     "gd_loss": task.loss(gd_predict(b, eta, gd_steps, ridge), b.targets).item()})
+    return rows
