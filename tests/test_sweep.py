@@ -83,3 +83,20 @@ def test_ensemble_sweep_saves_each_member_as_a_checkpoint(tmp_path):
     assert [r["test_loss"] for r in rows] == pytest.approx([r["test_loss"] for r in solo], rel=1e-4)
     ckpt = zoo.load(str(tmp_path / "out" / "gated-rnn-zucchet-icl--seed1"))
     assert ckpt.provenance["ensemble"] == {"members": 2, "seeds": [0, 1]}
+
+
+def test_task_variants_for_context_size_sweeps(tmp_path):
+    from zoo.registry import get_task_spec
+
+    entry = with_overrides(zoo.get_entry("lsa-gd-d10-c10"), {"task.n_context": 4})
+    assert entry.task == "linreg-d10-c10--n_context=4"
+    spec = get_task_spec(entry.task)
+    assert spec.n_context == 4 and spec.splits["test"].sha256 is None and spec.splits["test"].seed == 101
+    with pytest.raises(RegistryError, match="no such task field"):
+        with_overrides(zoo.get_entry("lsa-gd-d10-c10"), {"task.context": 4})
+    ckpt = zoo.build(entry, tmp_path / "c4", progress=False)
+    assert ckpt.metrics["test_loss"] == pytest.approx(ckpt.metrics["gd_loss"], rel=1e-4)
+    assert zoo.load(str(tmp_path / "c4")).task.n_context == 4
+    # a constructed entry whose construction no longer fits is refused before building
+    with pytest.raises(RegistryError, match="hidden"):
+        with_overrides(zoo.get_entry("gated-rnn-gd-zucchet-icl"), {"task.d_x": 4})

@@ -54,6 +54,13 @@ def cmd_build(args) -> int:
     return 0
 
 
+def _register_variant_task(ckpt) -> None:
+    """A checkpoint trained on a task variant (a sweep's task.* override) carries its task spec."""
+    from zoo.registry import default_registry
+
+    default_registry().tasks.setdefault(ckpt.entry.task, ckpt.task_spec)
+
+
 def cmd_eval(args) -> int:
     import zoo
     from zoo.evaluate import evaluate, gd_reference
@@ -61,6 +68,7 @@ def cmd_eval(args) -> int:
 
     ckpt = zoo.load(args.path, revision=args.revision, endpoint=args.endpoint)
     task = ckpt.task
+    _register_variant_task(ckpt)
     if args.dataset:
         expected = ckpt.provenance.get("dataset_hashes", {}).get("test")
         split = load_split_from_hub(args.dataset, split="test", revision=args.dataset_revision,

@@ -346,9 +346,37 @@ def get_entry(name: str) -> Entry:
     return default_registry().entry(name)
 
 
+def task_variant(base: str, overrides: dict[str, object]) -> str:
+    """Register (for this process) the task `base` with fields replaced, e.g. {"n_context": 20},
+    and return its name, `<base>--n_context=20`. Its frozen splits use the base's seeds; their
+    hashes are not pinned (the registry records none for variants) but are checked on reload
+    from the cache and recorded in every checkpoint's provenance."""
+    if not overrides:
+        return base
+    registry = default_registry()
+    name = base + "".join(f"--{k}={v}" for k, v in overrides.items())
+    data = registry.task(base).model_dump(mode="json")
+    for key, value in overrides.items():
+        if key == "splits" or key not in data:
+            raise RegistryError(f"task '{base}': override 'task.{key}': no such task field")
+        data[key] = value
+    for split in data["splits"].values():
+        split["sha256"] = None
+    try:
+        registry.tasks[name] = TASK_ADAPTER.validate_python(data)
+    except ValidationError as e:
+        raise RegistryError(_format_errors(Path("(override)"), "task", name, e)) from None
+    return name
+
+
 def with_overrides(entry: Entry, overrides: dict[str, object]) -> Entry:
     """`entry` with dotted fields replaced, e.g. {"arch.hidden": 16, "source.lr": 3e-4},
-    validated like a registry entry (a bad field or value names the field)."""
+    validated like a registry entry (a bad field or value names the field). `task.<field>`
+    keys switch the entry to a task variant (`task_variant`)."""
+    task_fields = {k.split(".", 1)[1]: v for k, v in overrides.items() if k.startswith("task.")}
+    overrides = {k: v for k, v in overrides.items() if not k.startswith("task.")}
+    if task_fields:
+        overrides["task"] = task_variant(entry.task, task_fields)
     data = entry.model_dump(mode="json")
     for dotted, value in overrides.items():
         *parents, leaf = dotted.split(".")
@@ -359,9 +387,14 @@ def with_overrides(entry: Entry, overrides: dict[str, object]) -> Entry:
             node = node[key]
         node[leaf] = value  # an unknown leaf is caught below (extra fields are forbidden)
     try:
-        return Entry.model_validate(data)
+        new = Entry.model_validate(data)
     except ValidationError as e:
         raise RegistryError(_format_errors(Path(entry.file), "entry", entry.name, e)) from None
+    if new.source.kind == "constructed":
+        problem = construction_problem(new, default_registry().task(new.task))
+        if problem:
+            raise RegistryError(f"{entry.file}: entry '{entry.name}' with {overrides}: {problem}")
+    return new
 
 
 def get_task_spec(name: str) -> TaskSpec:
