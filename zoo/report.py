@@ -8,6 +8,7 @@ least-squares losses, and the sensitivity cosine to GD) in the output folder.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from zoo.checkpoint import CONFIG, EVAL_RESULTS
@@ -34,9 +35,10 @@ def collect(paths: list[str | Path]) -> list[dict]:
         config = json.loads((folder / CONFIG).read_text())
         metrics = json.loads((folder / EVAL_RESULTS).read_text()) if (folder / EVAL_RESULTS).exists() else {}
         prov = config.get("provenance", {})
+        parameters = sum(math.prod(shape) for shape in config.get("parameters", {}).values())
         rows.append({
             "model": folder.name, "entry": config["entry"]["name"], "arch": config["entry"]["arch"]["type"],
-            "task": config["entry"]["task"], "source": config["entry"]["source"]["kind"],
+            "task": config["entry"]["task"], "source": config["entry"]["source"]["kind"], "parameters": parameters,
             "steps": prov.get("steps"), "device": prov.get("device"),
             **{k: metrics[k] for k in COLUMNS if k in metrics},
         })
@@ -51,7 +53,7 @@ def write_report(rows: list[dict], out: Path) -> list[Path]:
         group = sorted((r for r in rows if r["task"] == task), key=lambda r: r.get("test_loss", float("inf")))
         gd, lstsq = group[0].get("gd_loss"), group[0].get("lstsq_loss")
         lines += [f"## {task}", "", f"GD loss ({group[0].get('gd_steps', 1)} step): {_fmt(gd)} · least squares: {_fmt(lstsq)}", ""]
-        cols = ["model", "arch", "source", "steps", "device", "test_loss", "pred_l2_to_gd", "sensitivity_cosine"]
+        cols = ["model", "arch", "source", "parameters", "steps", "device", "test_loss", "pred_l2_to_gd", "sensitivity_cosine"]
         lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         lines += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in group]
         lines.append("")
@@ -74,8 +76,8 @@ def _figure(rows: list[dict], tasks: list[str], path: Path) -> Path:
         for key, color, label in (("gd_loss", "tab:green", "GD"), ("lstsq_loss", "tab:red", "least squares")):
             if key in group[0]:
                 ax_loss.axvline(group[0][key], color=color, ls="--", label=label)
-        ax_loss.set_xscale("log")
-        ax_loss.set_title(f"{task}: test loss")
+        ax_loss.set_xlim(0, 1.15 * max(max(r.get("test_loss", 0.0) for r in group), group[0].get("gd_loss", 0.0)))
+        ax_loss.set_title(f"{task}: test loss (½·MSE)")
         ax_loss.legend(fontsize=8)
         ax_cos.barh(names, [r.get("sensitivity_cosine", float("nan")) for r in group], color="tab:orange")
         ax_cos.axvline(1.0, color="tab:green", ls="--")
