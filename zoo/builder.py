@@ -58,12 +58,11 @@ def build(
         model.cpu()
         prov = provenance(seed=seed, steps=result.steps, device=str(dev), dataset_hashes=hashes)
 
-    return _evaluate_and_save(entry, spec, model, prov, construction, history, out)
+    return _evaluate_and_save(entry, spec, model, prov, construction, history, out, validation, test)
 
 
-def _evaluate_and_save(entry, spec, model, prov, construction, history, out) -> Checkpoint:
+def _evaluate_and_save(entry, spec, model, prov, construction, history, out, validation, test) -> Checkpoint:
     task = spec.build()
-    validation, test = load_split(entry.task, "validation"), load_split(entry.task, "test")
     reference = gd_reference(entry, task, construction, validation.batch(task, dtype=torch.float64))
     metrics = evaluate(model, task, test.batch(task), **reference)
     if construction and "eta" in construction:
@@ -108,6 +107,6 @@ def build_ensemble(
                     **({"val_loss": r["val_loss"][i]} if "val_loss" in r else {})} for r in result.history]
         prov = provenance(seed=seed, steps=result.steps, device=str(dev), dataset_hashes=hashes)
         prov["ensemble"] = {"members": len(seeds), "seeds": list(seeds)}
-        ckpts.append(_evaluate_and_save(entry, spec, model.cpu(), prov, None, history, out))
+        ckpts.append(_evaluate_and_save(entry, spec, model.cpu(), prov, None, history, out, validation, test))
     return ckpts
 

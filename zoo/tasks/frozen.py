@@ -86,16 +86,28 @@ def save_split(x: np.ndarray, y: np.ndarray, folder: Path) -> str:
 
 
 def read_parquet_arrays(path: Path | str) -> tuple[np.ndarray, np.ndarray]:
-    from datasets import Dataset
+    import pyarrow.parquet as pq
 
-    _quiet_datasets()
-    ds = Dataset.from_parquet(str(path), keep_in_memory=True).with_format("numpy")
-    return _arrays(ds)
+    return _arrays_from_table(pq.read_table(str(path), columns=["x", "y"]))
 
 
 def _arrays(ds) -> tuple[np.ndarray, np.ndarray]:
-    ds = ds.with_format("numpy")
-    return np.asarray(ds["x"], dtype="<f4"), np.asarray(ds["y"], dtype="<f4")
+    """x, y of a `datasets.Dataset` (its Arrow table, without a Python round trip per row)."""
+    return _arrays_from_table(ds.data.table)
+
+
+def _arrays_from_table(table) -> tuple[np.ndarray, np.ndarray]:
+    import pyarrow as pa
+
+    out = []
+    for name in ("x", "y"):
+        column = table.column(name).combine_chunks()  # list<list<float32>>: the Array2D layout
+        if isinstance(column.type, pa.ExtensionType):  # datasets registers Array2D as an Arrow extension
+            column = column.storage
+        n, rows = len(column), len(column[0]) if len(column) else 0
+        flat = column.flatten().flatten().to_numpy(zero_copy_only=False)
+        out.append(np.ascontiguousarray(flat.reshape(n, rows, -1), dtype="<f4"))
+    return out[0], out[1]
 
 
 def verify(x: np.ndarray, y: np.ndarray, expected: str | None, name: str) -> str:
