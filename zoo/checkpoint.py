@@ -89,7 +89,7 @@ class Checkpoint(
             from export import export_checkpoint_graphs
         except ImportError:  # export is part of the distribution; tolerate a partial install
             export_checkpoint_graphs = None
-        if export_checkpoint_graphs is not None and getattr(self.model, "recurrent", False):
+        if export_checkpoint_graphs is not None:  # model.onnx always; model_step.onnx when recurrent
             export_checkpoint_graphs(self, save_directory)
         (save_directory / EVAL_RESULTS).write_text(json.dumps(self.metrics, indent=2, sort_keys=True))
         if self.history:
