@@ -51,9 +51,10 @@ def write_report(rows: list[dict], out: Path) -> list[Path]:
     lines = ["# icl-zoo comparison report", ""]
     for task in tasks:
         group = sorted((r for r in rows if r["task"] == task), key=lambda r: r.get("test_loss", float("inf")))
-        gd, lstsq = group[0].get("gd_loss"), group[0].get("lstsq_loss")
-        lines += [f"## {task}", "", f"GD loss ({group[0].get('gd_steps', 1)} step): {_fmt(gd)} · least squares: {_fmt(lstsq)}", ""]
-        cols = ["model", "arch", "source", "parameters", "steps", "device", "test_loss", "pred_l2_to_gd", "sensitivity_cosine"]
+        lines += [f"## {task}", "", f"least squares: {_fmt(group[0].get('lstsq_loss'))}; each row is compared with "
+                  f"`gd_steps` steps of GD (loss `gd_loss`)", ""]
+        cols = ["model", "arch", "source", "parameters", "steps", "device", "test_loss", "gd_loss", "gd_steps",
+                "pred_l2_to_gd", "sensitivity_cosine"]
         lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         lines += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in group]
         lines.append("")
