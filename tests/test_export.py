@@ -34,11 +34,11 @@ def _ill_conditioned_in_fp32(entry) -> bool:
 
 def _graph_signature(entry) -> tuple:
     """Entries whose sequence graphs have the same operators: one of each is exported (the
-    step graphs of every recurrent entry are, in the streaming test)."""
+    step graph of every recurrent entry is, in the streaming test). Layer count matters only
+    where it changes the operators (LSA context attention, the GD-SSM's second head)."""
     a = entry.arch
-    return (a.type, getattr(a, "variant", None), getattr(a, "attention", None), getattr(a, "n_layers", 1) > 1,
-            getattr(a, "window", None), get_task_spec(entry.task).kind, getattr(get_task_spec(entry.task), "layout", None),
-            entry.source.kind)
+    layered = a.type in ("lsa", "gd_ssm") and getattr(a, "n_layers", 1) > 1
+    return (a.type, getattr(a, "variant", None), getattr(a, "attention", None), getattr(a, "loops", 1) > 1, layered)
 
 
 SEQUENCE_GRAPHS = list({_graph_signature(e): e for e in ENTRIES if not _ill_conditioned_in_fp32(e)}.values())
