@@ -106,7 +106,7 @@ def _arrays_from_table(table) -> tuple[np.ndarray, np.ndarray]:
             column = column.storage
         n, rows = len(column), len(column[0]) if len(column) else 0
         flat = column.flatten().flatten().to_numpy(zero_copy_only=False)
-        out.append(np.ascontiguousarray(flat.reshape(n, rows, -1), dtype="<f4"))
+        out.append(np.array(flat.reshape(n, rows, -1), dtype="<f4", copy=True))  # writable, owns its memory
     return out[0], out[1]
 
 
