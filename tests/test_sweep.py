@@ -100,3 +100,13 @@ def test_task_variants_for_context_size_sweeps(tmp_path):
     # a constructed entry whose construction no longer fits is refused before building
     with pytest.raises(RegistryError, match="hidden"):
         with_overrides(zoo.get_entry("gated-rnn-gd-zucchet-icl"), {"task.d_x": 4})
+
+
+def test_cli_set_values_and_bad_set(tmp_path, capsys):
+    from zoo.cli import _parse_value, main
+
+    assert [_parse_value(v) for v in ("3e-3", "16", "true", "[8, 16]", "in_out")] == [3e-3, 16, True, [8, 16], "in_out"]
+    spec_file = tmp_path / "s.toml"
+    spec_file.write_text(SPEC)
+    assert main(["sweep", str(spec_file), "--set", "source.lr", "--out", str(tmp_path / "o")]) == 2
+    assert "expected FIELD=VALUE" in capsys.readouterr().err

@@ -17,6 +17,17 @@ from zoo.train import default_device, train
 TRAIN_DIR = ".train"  # resumable training state inside the output folder; never published
 
 
+def _prepare(name: str | Entry, overrides: dict | None):
+    """The entry (with overrides), its task spec and task, and its hash-verified frozen splits."""
+    entry = get_entry(name) if isinstance(name, str) else name
+    if overrides:
+        entry = with_overrides(entry, overrides)
+    spec = get_task_spec(entry.task)
+    validation, test = load_split(entry.task, "validation"), load_split(entry.task, "test")
+    hashes = {"validation": validation.sha256, "test": test.sha256}
+    return entry, spec, spec.build(), validation, test, hashes
+
+
 def build(
     name: str | Entry,
     out: str | Path | None = None,
@@ -29,13 +40,7 @@ def build(
 ) -> Checkpoint:
     """Construct or train the entry `name` (or an Entry), evaluate it on its frozen test split,
     save it to `out`. `overrides` replaces dotted fields first ({"arch.hidden": 16})."""
-    entry = get_entry(name) if isinstance(name, str) else name
-    if overrides:
-        entry = with_overrides(entry, overrides)
-    spec = get_task_spec(entry.task)
-    task = spec.build()
-    validation, test = load_split(entry.task, "validation"), load_split(entry.task, "test")
-    hashes = {"validation": validation.sha256, "test": test.sha256}
+    entry, spec, task, validation, test, hashes = _prepare(name, overrides)
     construction, history = None, []
 
     if entry.source.kind == "constructed":
@@ -89,15 +94,9 @@ def build_ensemble(
     and save each as an ordinary checkpoint in `outs[i]`; `run_dir` holds the resumable state."""
     from zoo.ensemble import train_ensemble
 
-    entry = get_entry(name) if isinstance(name, str) else name
-    if overrides:
-        entry = with_overrides(entry, overrides)
+    entry, spec, task, validation, test, hashes = _prepare(name, overrides)
     if entry.source.kind != "trained":
         raise ValueError(f"entry '{entry.name}' is constructed; only trained entries form ensembles")
-    spec = get_task_spec(entry.task)
-    task = spec.build()
-    validation, test = load_split(entry.task, "validation"), load_split(entry.task, "test")
-    hashes = {"validation": validation.sha256, "test": test.sha256}
     dev = torch.device(device) if device else default_device()
     result = train_ensemble(lambda: create_model(entry.arch, task), task, entry.source, seeds, run_dir=Path(run_dir),
                             validation_batch=validation.batch(task), steps=steps, device=dev, progress=progress)

@@ -214,6 +214,14 @@ def cmd_quickstart(args) -> int:
 
 
 # ---------------------------------------------------------------- parser
+def _parse_value(text: str):
+    """A --set value: JSON when it parses (numbers, true/false, lists), else the string itself."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
 def cmd_sweep(args) -> int:
     from zoo.sweep import load_spec, markdown_table, run_sweep
 
@@ -227,7 +235,7 @@ def cmd_sweep(args) -> int:
             field, sep, value = item.partition("=")
             if not sep:
                 raise ValueError(f"--set {item!r}: expected FIELD=VALUE")
-            grid[field] = [json.loads(value) if value[:1] in "-0123456789[{tf\"" else value]
+            grid[field] = [_parse_value(value)]
         update["grid"] = grid
     spec = spec.model_copy(update=update)
     rows = run_sweep(spec, args.out, backend=args.backend, address=args.address, gpus_per_run=args.gpus_per_run,

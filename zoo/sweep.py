@@ -88,10 +88,7 @@ def run_one(run: Run, out_dir: str, steps: int | None, device: str | None, threa
     from zoo.builder import build
     from zoo.checkpoint import CONFIG, read_checkpoint
 
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)  # one Ray CPU per run: no oversubscription
+    _limit_threads(threads)
 
     folder = Path(out_dir) / run.name
     if (folder / CONFIG).exists():
@@ -106,24 +103,28 @@ def run_one(run: Run, out_dir: str, steps: int | None, device: str | None, threa
     return row
 
 
+def _limit_threads(threads: int | None) -> None:
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)  # one Ray CPU per run: no oversubscription
+
+
 def run_group(runs: list[Run], out_dir: str, steps: int | None, device: str | None, threads: int | None = None) -> list[dict]:
     """Runs that differ only in their seed: trained together as an ensemble when there are
     several unfinished ones, then read back like any run."""
     from zoo.checkpoint import CONFIG
 
     pending = [r for r in runs if not (Path(out_dir) / r.name / CONFIG).exists()]
+    _limit_threads(threads)
     if len(pending) > 1:
         from zoo.builder import build_ensemble
 
-        if threads:
-            import torch
-
-            torch.set_num_threads(threads)
         first = pending[0]
         build_ensemble(first.entry, [r.seed for r in pending], [Path(out_dir) / r.name for r in pending],
                        run_dir=Path(out_dir) / ".ensembles" / first.name.replace(f"--seed{first.seed}", ""),
                        steps=steps, device=device, overrides=first.overrides, progress=False)
-    rows = [run_one(r, out_dir, steps, device, threads) for r in runs]
+    rows = [run_one(r, out_dir, steps, device) for r in runs]
     for r, row in zip(runs, rows):
         if len(pending) > 1 and r in pending:
             row["status"] = f"built (ensemble of {len(pending)})"
