@@ -7,10 +7,13 @@ For each model (the Zucchet gated RNN with 80 neurons on the ICL task, and a one
 both at batch 64) it measures, in one run:
 
     eager      `zoo.train.train` on one model (the baseline every ratio is against)
-    ens E      `zoo.ensemble.train_ensemble` with E members, per-member data streams
+    ens E      `zoo.ensemble.train_ensemble` with E members, per-member data streams, eager launches
     ens E sh   the same with one shared sampling call per step (data="shared")
+    ens E cg   per-member streams, the whole step replayed as one CUDA graph (CUDA only;
+               the default of train_ensemble on a GPU)
 
-model-steps/s = E × optimiser steps per second. It also prints a hardware floor: FLOPs of one
+model-steps/s = E × optimiser steps per second, timed as the difference between a run of n
+and of 3n steps, so start-up, graph capture and the final copy-out cancel. It also prints a hardware floor: FLOPs of one
 model-step (torch's FlopCounterMode, forward + backward) against the device's measured matmul
 peak, and the bytes the AdamW update must move against its measured copy bandwidth; the
 smaller of the two bounds is the most model-steps/s the device could sustain.
@@ -50,8 +53,8 @@ def timed(fn, device) -> float:
 
 
 def steps_per_second(run, steps: int, device) -> float:
-    run(max(3, steps // 10))  # warm-up (allocations, kernel selection)
-    return steps / timed(lambda: run(steps), device)
+    run(max(5, steps // 10))  # warm-up (allocations, kernel selection)
+    return 2 * steps / (timed(lambda: run(3 * steps), device) - timed(lambda: run(steps), device))
 
 
 def measured_peaks(device) -> tuple[float, float]:
@@ -112,17 +115,22 @@ def main() -> None:
               f"floor ≈ {floor:,.0f} model-steps/s (compute {peak_flops / flops:,.0f}, AdamW bytes {peak_bw / bytes_adam:,.0f})")
         print(f"{'configuration':>16} {'steps/s':>10} {'model-steps/s':>14} {'× eager':>8} {'% of floor':>10}")
         print(f"{'eager':>16} {base:10.1f} {base:14.1f} {1.0:8.2f} {100 * base / floor:10.2f}")
+        variants = [("per_member", False, ""), ("shared", False, " sh")]
+        if device.type == "cuda":
+            variants.append(("per_member", True, " cg"))
         for members in args.members:
-            for data in ("per_member", "shared"):
+            for data, graph, suffix in variants:
                 if data == "shared" and members == 1:
                     continue
 
-                def ensemble(n, members=members, data=data):
-                    train_ensemble(make, task, recipe, list(range(members)), run_dir=f"{tmp}/ens-{members}-{data}-{n}",
-                                   steps=n, device=device, data=data, progress=False)
+                def ensemble(n, members=members, data=data, graph=graph):
+                    train_ensemble(make, task, recipe, list(range(members)), run_dir=f"{tmp}/ens-{members}-{data}-{graph}-{n}",
+                                   steps=n, device=device, data=data, cuda_graph=graph, progress=False)
 
-                rate = steps_per_second(ensemble, max(5, args.steps // max(1, members // 8)), device)
-                tag = f"ens {members}" + (" sh" if data == "shared" else "")
+                # graph replays are cheap: give them more steps so the difference is well above timer noise
+                n = args.steps * (5 if graph else 1) // (1 if device.type == "cuda" else max(1, members // 8))
+                rate = steps_per_second(ensemble, max(5, n), device)
+                tag = f"ens {members}{suffix}"
                 print(f"{tag:>16} {rate:10.1f} {rate * members:14.1f} {rate * members / base:8.2f} {100 * rate * members / floor:10.2f}")
 
 

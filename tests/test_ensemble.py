@@ -66,3 +66,86 @@ def test_diverging_member_is_named(tmp_path):
 
     with pytest.raises(TrainingDiverged, match="seed"):
         train_ensemble(make, task, entry.source, [0, 1], run_dir=tmp_path, steps=200, device="cpu", progress=False)
+
+
+def test_nonfinite_weights_with_finite_loss_are_not_saved(tmp_path, monkeypatch):
+    """A step can leave a weight non-finite while the loss that produced it was finite: the
+    boundary check must refuse to save that state."""
+    from zoo.train import TrainingDiverged
+    import zoo.train
+
+    entry, task, make = setup("gated-rnn-zucchet-icl", **{"arch.hidden": 8, "source.batch_size": 8})
+    recipe = entry.source.model_copy(update={"checkpoint_every": 4, "eval_every": 4})
+    train_ensemble(make, task, recipe, [0, 1], run_dir=tmp_path, steps=4, device="cpu", progress=False)
+    saved = (tmp_path / "train_state.safetensors").read_bytes()
+    step = torch.optim.AdamW.step
+
+    def poisoning_step(self, *args, **kwargs):
+        out = step(self, *args, **kwargs)
+        with torch.no_grad():
+            self.param_groups[0]["params"][0][1].view(-1)[0] = float("inf")  # member 1 only
+        return out
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", poisoning_step)
+    with pytest.raises(TrainingDiverged, match=r"seed \[1\].*step 4"):
+        train_ensemble(make, task, recipe, [0, 1], run_dir=tmp_path, steps=8, device="cpu", progress=False)
+    assert (tmp_path / "train_state.safetensors").read_bytes() == saved
+
+
+# ------------------------------------------------------------------ CUDA graphs (GPU machine only)
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@cuda
+@pytest.mark.parametrize("name,overrides", [
+    ("gated-rnn-zucchet-icl", {"arch.hidden": 80, "source.grad_clip": 1.0}),
+    ("lsa-d10-c10", {}),
+    ("gd-ssm-nd", {"source.batch_size": 32}),
+    ("gated-rnn-student-d4", {"arch.hidden": 32}),
+])
+def test_cuda_graph_steps_equal_eager_steps(tmp_path, name, overrides):
+    """The captured step draws the same data, applies the same lr schedule and AdamW update:
+    after 60 steps (warm-up, capture, replays, a cosine schedule) the weights match the eager
+    ensemble to float32 rounding."""
+    entry, task, make = setup(name, **overrides)
+    recipe = entry.source.model_copy(update={"eval_every": 20, "checkpoint_every": 30, "warmup_steps": 10})
+    kw = dict(steps=60, device="cuda", progress=False)
+    eager = train_ensemble(make, task, recipe, [0, 5], run_dir=tmp_path / "eager", cuda_graph=False, **kw)
+    graphed = train_ensemble(make, task, recipe, [0, 5], run_dir=tmp_path / "graph", cuda_graph=True, **kw)
+    for m_eager, m_graph in zip(eager.models, graphed.models):
+        for (n, a), b in zip(m_eager.named_parameters(), m_graph.parameters()):
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=n)
+    for r_eager, r_graph in zip(eager.history, graphed.history):
+        assert r_eager["lr"] == pytest.approx(r_graph["lr"])
+        assert r_eager["train_loss"] == pytest.approx(r_graph["train_loss"], rel=1e-4)
+
+
+@cuda
+def test_cuda_graph_run_resumes(tmp_path):
+    """Stopped at step 20 of a 50-step schedule and run again: the same weights as one go
+    (the generators' states saved after graph replays continue the same data stream)."""
+    entry, task, make = setup("gated-rnn-zucchet-icl")
+    recipe = entry.source.model_copy(update={"eval_every": 10, "checkpoint_every": 10})
+    kw = dict(steps=50, device="cuda", progress=False)
+    full = train_ensemble(make, task, recipe, [0, 1, 2], run_dir=tmp_path / "a", **kw)
+    part = train_ensemble(make, task, recipe, [0, 1, 2], run_dir=tmp_path / "b", until=20, **kw)
+    assert part.steps == 20 and [r["step"] for r in part.history] == [10, 20]
+    resumed = train_ensemble(make, task, recipe, [0, 1, 2], run_dir=tmp_path / "b", **kw)
+    assert [r["step"] for r in resumed.history] == [10, 20, 30, 40, 50]
+    for m_full, m_resumed in zip(full.models, resumed.models):
+        for a, b in zip(m_full.parameters(), m_resumed.parameters()):
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+
+
+@cuda
+def test_cuda_graph_divergence_keeps_last_good_state(tmp_path):
+    from zoo.train import TrainingDiverged
+
+    entry, task, make = setup("gated-rnn-zucchet-icl", **{"source.lr": 1e6, "source.grad_clip": None})
+    recipe = entry.source.model_copy(update={"eval_every": 50, "checkpoint_every": 50, "warmup_steps": 0})
+    with pytest.raises(TrainingDiverged, match="seed"):
+        train_ensemble(make, task, recipe, [0, 1], run_dir=tmp_path, steps=2000, device="cuda", progress=False)
+    if (tmp_path / "train_state.safetensors").exists():  # whatever was saved is finite
+        from safetensors.torch import load_file
+        assert all(torch.isfinite(v).all() for k, v in load_file(tmp_path / "train_state.safetensors").items()
+                   if k.startswith("model."))

@@ -117,7 +117,8 @@ def run_group(runs: list[Run], out_dir: str, steps: int | None, device: str | No
 
     pending = [r for r in runs if not (Path(out_dir) / r.name / CONFIG).exists()]
     _limit_threads(threads)
-    if len(pending) > 1:
+    # On a GPU even one run goes through the ensemble trainer: its step is one CUDA graph replay.
+    if len(pending) > 1 or (pending and _on_cuda(device)):
         from zoo.builder import build_ensemble
 
         first = pending[0]
@@ -126,9 +127,15 @@ def run_group(runs: list[Run], out_dir: str, steps: int | None, device: str | No
                        steps=steps, device=device, overrides=first.overrides, progress=False)
     rows = [run_one(r, out_dir, steps, device) for r in runs]
     for r, row in zip(runs, rows):
-        if len(pending) > 1 and r in pending:
+        if r in pending and (len(pending) > 1 or _on_cuda(device)):
             row["status"] = f"built (ensemble of {len(pending)})"
     return rows
+
+
+def _on_cuda(device: str | None) -> bool:
+    import torch
+
+    return torch.device(device).type == "cuda" if device else torch.cuda.is_available()
 
 
 def groups_of(runs: list[Run], ensemble: bool) -> list[list[Run]]:

@@ -49,9 +49,12 @@ def lr_factor(step: int, recipe, total_steps: int) -> float:
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def make_optimizer(model: torch.nn.Module, recipe) -> torch.optim.Optimizer:
+def make_optimizer(model: torch.nn.Module, recipe, *, capturable: bool = False) -> torch.optim.Optimizer:
     """AdamW; parameters a model lists in `no_weight_decay()` (recurrent λ's ν) are not decayed,
-    and with `recipe.recurrent_lr` those in `recurrent_parameter_names()` get that peak lr."""
+    and with `recipe.recurrent_lr` those in `recurrent_parameter_names()` get that peak lr.
+
+    `capturable=True` (for CUDA graphs) keeps AdamW's step counters on the device and makes
+    each group's lr a 0-d device tensor that a captured step can rewrite in place."""
     exempt = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
     recurrent = set()
     if recipe.recurrent_lr is not None and hasattr(model, "recurrent_parameter_names"):
@@ -64,6 +67,12 @@ def make_optimizer(model: torch.nn.Module, recipe) -> torch.optim.Optimizer:
          "lr": recipe.recurrent_lr if is_recurrent else recipe.lr}
         for (no_decay, is_recurrent), params in sorted(groups.items())
     ]
+    if capturable:
+        device = next(model.parameters()).device
+        for group in param_groups:
+            group["lr"] = torch.tensor(float(group["lr"]), device=device)
+        return torch.optim.AdamW(param_groups, lr=torch.tensor(recipe.lr, device=device), betas=tuple(recipe.betas),
+                                 weight_decay=recipe.weight_decay, capturable=True, foreach=True)
     return torch.optim.AdamW(param_groups, lr=recipe.lr, betas=tuple(recipe.betas), weight_decay=recipe.weight_decay)
 
 
@@ -84,7 +93,8 @@ def save_state(run_dir: Path, model, opt, generator: torch.Generator | list[torc
     # previous good state intact.
     tmp_state, tmp_meta = run_dir / (STATE_FILE + ".tmp"), run_dir / (META_FILE + ".tmp")
     save_file({k: v.cpu() for k, v in tensors.items()}, str(tmp_state))
-    tmp_meta.write_text(json.dumps({"step": step, "param_groups": opt_sd["param_groups"], "history": history}))
+    groups = [{k: (v.item() if torch.is_tensor(v) else v) for k, v in g.items()} for g in opt_sd["param_groups"]]
+    tmp_meta.write_text(json.dumps({"step": step, "param_groups": groups, "history": history}))
     os.replace(tmp_state, run_dir / STATE_FILE)
     os.replace(tmp_meta, run_dir / META_FILE)
 
@@ -99,7 +109,12 @@ def load_state(run_dir: Path, model, opt, generator: torch.Generator | list[torc
         if key.startswith("optim."):
             _, idx, name = key.split(".", 2)
             state.setdefault(int(idx), {})[name] = value if name == "step" else value.to(device)
+    lr_tensors = [g["lr"] for g in opt.param_groups if torch.is_tensor(g["lr"])]
     opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    if lr_tensors:  # a capturable optimiser: keep its lr tensors (a CUDA graph may hold their addresses)
+        for group, lr in zip(opt.param_groups, lr_tensors):
+            lr.fill_(group["lr"])
+            group["lr"] = lr
     if isinstance(generator, list):
         for i, g in enumerate(generator):
             g.set_state(tensors[f"rng.{i}"])
@@ -153,7 +168,7 @@ def train(
             if not torch.isfinite(loss):
                 raise TrainingDiverged(
                     f"loss is {loss.item()} at step {step}; stopped. The last good training state "
-                    f"(step {_last_saved(run_dir)}) is kept in {run_dir}"
+                    f"(step {last_saved_step(run_dir)}) is kept in {run_dir}"
                 )
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -178,13 +193,13 @@ def train(
     except KeyboardInterrupt:
         bar.close()
         raise KeyboardInterrupt(
-            f"interrupted at step {step}; the state of step {_last_saved(run_dir)} is in {run_dir}: "
+            f"interrupted at step {step}; the state of step {last_saved_step(run_dir)} is in {run_dir}: "
             "run the same command again to resume"
         ) from None
     bar.close()
     return TrainResult(steps=total, history=history, resumed_from=resumed_from)
 
 
-def _last_saved(run_dir: Path) -> int | str:
+def last_saved_step(run_dir: Path) -> int | str:
     meta = run_dir / META_FILE
     return json.loads(meta.read_text())["step"] if meta.exists() else "none"
