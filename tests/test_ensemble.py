@@ -92,6 +92,13 @@ def test_nonfinite_weights_with_finite_loss_are_not_saved(tmp_path, monkeypatch)
     assert (tmp_path / "train_state.safetensors").read_bytes() == saved
 
 
+def test_unvmappable_models_are_refused_with_a_reason(tmp_path):
+    entry, task, make = setup("lstm-d10-c10", **{"source.batch_size": 4})
+    with pytest.raises(ValueError, match="cannot be vmapped"):
+        train_ensemble(make, task, entry.source, [0, 1], run_dir=tmp_path, steps=2, device="cpu", progress=False)
+    assert not (tmp_path / "train_state.safetensors").exists()
+
+
 # ------------------------------------------------------------------ CUDA graphs (GPU machine only)
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -85,6 +85,17 @@ def test_ensemble_sweep_saves_each_member_as_a_checkpoint(tmp_path):
     assert ckpt.provenance["ensemble"] == {"members": 2, "seeds": [0, 1]}
 
 
+def test_ensemble_sweep_builds_constructed_and_unvmappable_entries_one_by_one(tmp_path):
+    """`ensemble = true` over a mixed spec (the blogpost comparison): a constructed entry and an
+    LSTM (fused kernels, no vmap rule) are built run by run instead of failing the sweep."""
+    spec_file = tmp_path / "s.toml"
+    spec_file.write_text('name = "mixed"\nentries = ["lsa-gd-d10-c10", "lstm-d10-c10"]\nseeds = [0, 1]\nsteps = 2\n'
+                         'ensemble = true\n')
+    rows = run_sweep(load_spec(spec_file), tmp_path / "out", progress=False)
+    assert [(r["entry"], r["status"]) for r in rows] == [("lsa-gd-d10-c10", "built")] + [("lstm-d10-c10", "built")] * 2
+    assert all(r["test_loss"] > 0 for r in rows)
+
+
 def test_task_variants_for_context_size_sweeps(tmp_path):
     from zoo.registry import get_task_spec
 

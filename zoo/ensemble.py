@@ -93,6 +93,9 @@ def train_ensemble(make_model, task, recipe, seeds: list[int], *, run_dir: Path,
         raise ValueError(f"cuda_graph=True needs a CUDA device, got {device}")
     total = steps or recipe.steps
     members = [m.to(device) for m in init_members(make_model, seeds)]
+    if not getattr(members[0], "vmappable", True):
+        raise ValueError(f"{type(members[0]).__name__} with these blocks cannot be vmapped (fused kernels without a "
+                         "batching rule); train its seeds one by one with zoo.train.train")
     base = copy.deepcopy(members[0]).to("meta")
     params, buffers = stack_module_state(members)
     stacked = StackedParameters(members[0], params).to(device)

@@ -118,7 +118,8 @@ def run_group(runs: list[Run], out_dir: str, steps: int | None, device: str | No
     pending = [r for r in runs if not (Path(out_dir) / r.name / CONFIG).exists()]
     _limit_threads(threads)
     # On a GPU even one run goes through the ensemble trainer: its step is one CUDA graph replay.
-    if len(pending) > 1 or (pending and _on_cuda(device)):
+    batched = bool(pending) and (len(pending) > 1 or _on_cuda(device)) and ensemble_capable(pending[0])
+    if batched:
         from zoo.builder import build_ensemble
 
         first = pending[0]
@@ -127,9 +128,20 @@ def run_group(runs: list[Run], out_dir: str, steps: int | None, device: str | No
                        steps=steps, device=device, overrides=first.overrides, progress=False)
     rows = [run_one(r, out_dir, steps, device) for r in runs]
     for r, row in zip(runs, rows):
-        if r in pending and (len(pending) > 1 or _on_cuda(device)):
+        if batched and r in pending:
             row["status"] = f"built (ensemble of {len(pending)})"
     return rows
+
+
+def ensemble_capable(run: Run) -> bool:
+    """Trained, and its model can be vmapped (constructed entries and fused LSTM/GRU kernels cannot)."""
+    from zoo.models import create_model
+    from zoo.registry import get_entry, get_task_spec, with_overrides
+
+    entry = with_overrides(get_entry(run.entry), run.overrides) if run.overrides else get_entry(run.entry)
+    if entry.source.kind != "trained":
+        return False
+    return getattr(create_model(entry.arch, get_task_spec(entry.task).build()), "vmappable", True)
 
 
 def _on_cuda(device: str | None) -> bool:

@@ -24,6 +24,7 @@ from zoo.models.stack import RecurrentBlock
 
 class LSTMBlock(RecurrentBlock):
     dynamic_time = False
+    vmappable = False  # torch's fused LSTM has no vmap batching rule: ensembles train its seeds one by one
 
     def __init__(self, width: int, bidirectional: bool = False):
         super().__init__()
@@ -50,6 +51,7 @@ class LSTMBlock(RecurrentBlock):
 
 class GRUBlock(RecurrentBlock):
     dynamic_time = False
+    vmappable = False  # as LSTMBlock
 
     def __init__(self, width: int):
         super().__init__()

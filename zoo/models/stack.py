@@ -39,6 +39,7 @@ class SequenceStack(ZooModel):
         self.residual = residual
         self.recurrent = all(block.recurrent for block in blocks)
         self.dynamic_time = all(block.dynamic_time for block in blocks)
+        self.vmappable = all(getattr(block, "vmappable", True) for block in blocks)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)  # (B, T, h)

@@ -57,7 +57,9 @@ class FrozenSplit:
 
 
 def generate_split(task: LinearRegressionTask, seed: int, n: int, w_std: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-    # Sampled on the CPU generator in float32: the same bytes on every machine and torch build we test.
+    # Inputs come from the CPU generator (the same bytes on every machine and torch build); any
+    # computed targets are computed in float64 and rounded, since float32 matmuls round differently
+    # on different CPUs/BLAS (the float32 teacher targets hashed differently on the H100 machine).
     b = task.sample(n, seed=seed, w_std=w_std)
     return b.x.numpy().astype("<f4"), b.y.numpy().astype("<f4")
 
@@ -81,7 +83,11 @@ def save_split(x: np.ndarray, y: np.ndarray, folder: Path) -> str:
         "y": Array2D(shape=y.shape[1:], dtype="float32"),
     })
     ds = Dataset.from_dict({"x": x, "y": y}, features=features)
-    ds.to_parquet(str(folder / "data.parquet"))
+    # Write under a private name, then rename: a reader in another process (two sweeps sharing
+    # the cache) sees either no file or the whole file, never a half-written one.
+    tmp = folder / f".data.parquet.{os.getpid()}.tmp"
+    ds.to_parquet(str(tmp))
+    os.replace(tmp, folder / "data.parquet")
     return content_hash(x, y)
 
 

@@ -73,8 +73,8 @@ class LSATeacherTask:
         if generator is None:
             generator = torch.Generator(device=device or "cpu").manual_seed(seed)
         x = torch.randn((n, self.seq_len, self.d), generator=generator, device=generator.device, dtype=dtype) * self.x_std
-        with torch.no_grad():
-            y = self.teacher(dtype).to(x.device)(x)
+        with torch.no_grad():  # float64, rounded: the same targets whatever the BLAS (frozen splits hash them)
+            y = self.teacher(torch.float64).to(x.device)(x.double()).to(dtype)
         return SequenceBatch(tokens=x, targets=y)
 
     def batch_from_arrays(self, x: torch.Tensor, y: torch.Tensor) -> SequenceBatch:
