@@ -88,3 +88,38 @@ def test_wrong_state_shape_is_a_clear_error():
     model = LinearSelfAttention(4, TASKS[0].readout, n_layers=2)
     with pytest.raises(ValueError, match=r"state '1.kv' has shape \(2, 3, 3\), expected \(2, 4, 4\)"):
         model.check_state((torch.zeros(2, 4, 4), torch.zeros(2, 3, 3)), batch=2)
+
+
+def test_loop_curve_of_theta_gd_is_k_steps_of_damped_gd(rng):
+    """Blogpost Figure 13: θ_GD (trained-from-one-layer shape, strict causal) applied K times with
+    dampening λ is K GD steps at rate λη; the original model is left untouched."""
+    from zoo.evaluate import loop_curve
+
+    task = TASKS[0]
+    eta = task.analytic_eta()
+    b = task.sample(256, generator=rng, dtype=torch.float64)
+    model = gd_lsa(task, eta)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rows = loop_curve(model, task, b, [1, 2, 4], [1.0, 0.75], eta=eta)
+    for r in rows:
+        gd = task.loss(gd_predict(b, r["damping"] * eta, r["loops"]), b.targets).item()
+        assert r["gd_loss"] == pytest.approx(gd, rel=1e-12)
+        assert r["test_loss"] == pytest.approx(gd, rel=1e-9)
+    assert len({round(r["test_loss"], 6) for r in rows}) == len(rows)  # K and λ really change the answer
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+def test_zeroing_x_updates_keeps_the_one_layer_prediction(rng):
+    """W_P's x-rows never reach a single application's read-out, so zeroing them (before looping
+    a trained layer) leaves K = 1 exactly as trained and changes K > 1."""
+    from zoo.evaluate import loop_curve
+
+    task = TASKS[0]
+    model = LinearSelfAttention(task.token_dim, task.readout, attention="strict_causal", init_std=0.3).double()
+    b = task.sample(128, generator=rng, dtype=torch.float64)
+    plain = loop_curve(model, task, b, [1, 3], [1.0])
+    zeroed = loop_curve(model, task, b, [1, 3], [1.0], zero_x_updates=True)
+    assert zeroed[0]["test_loss"] == pytest.approx(plain[0]["test_loss"], rel=1e-12)
+    assert zeroed[1]["test_loss"] != pytest.approx(plain[1]["test_loss"], rel=1e-3)
+    with pytest.raises(ValueError, match="one-layer"):
+        loop_curve(LinearSelfAttention(task.token_dim, task.readout, n_layers=2).double(), task, b, [2], [1.0])

@@ -83,6 +83,19 @@ def cmd_eval(args) -> int:
         from zoo.evaluate import input_scale_curve
 
         metrics["input_scale_curve"] = input_scale_curve(ckpt.model, task, args.input_scales, **reference)
+    if args.loops:
+        import torch
+
+        from zoo.evaluate import loop_curve
+
+        batch = split.batch(task, dtype=torch.float64)
+        metrics["loop_curve"] = loop_curve(ckpt.model.double(), task, batch, args.loops, args.dampings,
+                                           eta=reference.get("eta"), zero_x_updates=args.zero_x_updates)
+        if args.plot:
+            from zoo.analysis.plots import loop_curve_figure
+
+            loop_curve_figure(metrics["loop_curve"], args.plot, title=ckpt.entry.name)
+            print(f"wrote {args.plot}")
     if args.json:
         _print_json(metrics)
     else:
@@ -287,6 +300,13 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--endpoint", help="Hub endpoint (default: HF_ENDPOINT or huggingface.co)")
     s.add_argument("--input-scales", type=float, nargs="+", metavar="ALPHA",
                    help="also score inputs scaled by ALPHA (out of distribution), beside GD at the same η")
+    s.add_argument("--loops", type=int, nargs="+", metavar="K",
+                   help="one-layer LSA: also score it applied K times (blogpost Figure 13), beside K GD steps")
+    s.add_argument("--dampings", type=float, nargs="+", default=[1.0, 0.75], metavar="LAMBDA",
+                   help="with --loops: dampening factors λ (e ← e + λ·layer(e)); default 1 0.75")
+    s.add_argument("--zero-x-updates", action="store_true",
+                   help="with --loops: zero W_P's x-rows first (one application never reads them; see loop_curve)")
+    s.add_argument("--plot", metavar="PNG", help="with --loops: save the loss-vs-K figure here")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_eval)
 

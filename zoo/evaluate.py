@@ -140,3 +140,39 @@ def input_scale_curve(model, task: LinearRegressionTask, scales: list[float], *,
         rows.append({"input_scale": alpha, "test_loss": task.loss(pred, b.targets).item(),
                      "gd_loss": task.loss(gd_predict(b, eta, gd_steps, ridge), b.targets).item()})
     return rows
+
+
+def loop_curve(model, task: LinearRegressionTask, batch: TaskBatch, loops: list[int], dampings: list[float], *,
+               eta: float | None = None, zero_x_updates: bool = False) -> list[dict]:
+    """The blogpost's Figure 13: a one-layer LSA applied K times, e ← e + λ·layer(e), against K
+    steps of GD at rate λη* (what K loops of θ_GD compute exactly).
+
+    Looping uses context attention (every token attends to the context tokens, the query to
+    none of itself): for one application it gives the query the same prediction as the causal
+    modes, and under it K layers of θ_GD are K steps of GD (von Oswald et al.). Without
+    dampening the trained layer's η ≈ η* is too large to iterate and the loss grows with K.
+
+    `zero_x_updates`: first zero the rows of W_P that write the tokens' x-part. One application
+    never reads them (the read-out takes the query's y-part), so training leaves them at whatever
+    they drifted to; θ_GD has them zero. Looped, they corrupt the inputs and the loss explodes
+    whatever λ; zeroed, the trained layer iterates like GD."""
+    import copy
+
+    if not (isinstance(model, LinearSelfAttention) and len(model.layers) == 1 and model.loops == 1):
+        raise ValueError("loop curves take a one-layer, unlooped LSA (e.g. lsa-d10-c10 or lsa-gd-d10-c10)")
+    eta = task.analytic_eta() if eta is None else eta
+    param = next(model.parameters())
+    if zero_x_updates:
+        model = copy.deepcopy(model)
+        with torch.no_grad():
+            model.layers[0].w_p[: task.d_x] = 0
+    rows = []
+    for damping in dampings:
+        for k in loops:
+            looped = copy.deepcopy(model)
+            looped.loops, looped.damping, looped.attention = k, model.damping * damping, "context"
+            with torch.no_grad():
+                pred = looped.predict(batch.tokens.to(param)).double()
+            rows.append({"loops": k, "damping": damping, "test_loss": task.loss(pred, batch.targets).item(),
+                         "gd_loss": task.loss(gd_predict(batch, damping * eta, k), batch.targets).item()})
+    return rows

@@ -13,7 +13,10 @@ from pathlib import Path
 
 from zoo.checkpoint import CONFIG, EVAL_RESULTS
 
-COLUMNS = ("test_loss", "gd_loss", "lstsq_loss", "pred_l2_to_gd", "sensitivity_cosine", "gd_steps", "polynomial_distance")
+COLUMNS = ("test_loss", "gd_loss", "lstsq_loss", "pred_l2_to_gd", "sensitivity_cosine", "gd_steps", "polynomial_distance",
+           "kv_score", "q_score")
+REGRESSION_COLUMNS = ["gd_loss", "gd_steps", "pred_l2_to_gd", "sensitivity_cosine"]
+TEACHER_COLUMNS = ["polynomial_distance", "kv_score", "q_score"]  # students of an LSA teacher: no GD reference
 
 
 def checkpoint_folders(paths: list[str | Path]) -> list[Path]:
@@ -51,10 +54,15 @@ def write_report(rows: list[dict], out: Path) -> list[Path]:
     lines = ["# icl-zoo comparison report", ""]
     for task in tasks:
         group = sorted((r for r in rows if r["task"] == task), key=lambda r: r.get("test_loss", float("inf")))
-        lines += [f"## {task}", "", f"least squares: {_fmt(group[0].get('lstsq_loss'))}; each row is compared with "
-                  f"`gd_steps` steps of GD (loss `gd_loss`)", ""]
-        cols = ["model", "arch", "source", "parameters", "steps", "device", "test_loss", "gd_loss", "gd_steps",
-                "pred_l2_to_gd", "sensitivity_cosine"]
+        regression = any("gd_loss" in r for r in group)
+        if regression:
+            lines += [f"## {task}", "", f"least squares: {_fmt(group[0].get('lstsq_loss'))}; each row is compared "
+                      f"with `gd_steps` steps of GD (loss `gd_loss`)", ""]
+        else:
+            lines += [f"## {task}", "", "students of an LSA teacher: polynomial distance to the teacher, KV and Q "
+                      "scores (1 − R², Zucchet et al. Table 1)", ""]
+        cols = ["model", "arch", "source", "parameters", "steps", "device", "test_loss",
+                *(REGRESSION_COLUMNS if regression else TEACHER_COLUMNS)]
         lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         lines += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in group]
         lines.append("")

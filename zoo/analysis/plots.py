@@ -79,3 +79,28 @@ def gd_ssm_matrices(model) -> dict[str, torch.Tensor]:
     out["Q (query)"] = model.q
     out["R (read-out gate)"] = model.r
     return out
+
+
+def loop_curve_figure(rows: list[dict], path: Path, *, title: str = "") -> Path:
+    """Test loss of a looped one-layer LSA vs the number of applications K, one line per
+    dampening λ, beside K GD steps at rate λη (dashed); non-finite losses are drawn at the top."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    finite = [r[k] for r in rows for k in ("test_loss", "gd_loss") if r[k] == r[k] and abs(r[k]) < 1e6]
+    ceiling = 10 * max(finite) if finite else 1.0
+    for i, damping in enumerate(sorted({r["damping"] for r in rows}, reverse=True)):
+        sel = sorted((r for r in rows if r["damping"] == damping), key=lambda r: r["loops"])
+        k = [r["loops"] for r in sel]
+        clip = [min(r["test_loss"], ceiling) if r["test_loss"] == r["test_loss"] else ceiling for r in sel]
+        ax.plot(k, clip, "o-", color=f"C{i}", label=f"model, λ = {damping:g}")
+        ax.plot(k, [min(r["gd_loss"], ceiling) for r in sel], "--", color=f"C{i}", alpha=0.7, label=f"GD, rate {damping:g}η*")
+    ax.set_yscale("log")
+    ax.set_xlabel("applications K")
+    ax.set_ylabel("test loss (clipped at the top)")
+    ax.set_title(title or "looped LSA")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
