@@ -112,8 +112,8 @@ class GDSSMArch(Strict):
     type: Literal["gd_ssm"]
     n_layers: int = Field(1, ge=1)  # stacked GD-SSM layers (one GD step each when constructed)
     window: int = Field(3, ge=1)  # local self-attention window (3 for interleaved tokens, 1 for products)
-    value_dim: int = Field(gt=0)  # m_v: rows of the state Z (d_y, or d_x for the products layout)
-    key_dim: int = Field(gt=0)  # m_k: columns of Z (d_x, or 1 for the products layout)
+    value_dim: int | None = Field(None, gt=0)  # m_v: rows of the state Z (default from the task: d_y; d_x for products)
+    key_dim: int | None = Field(None, gt=0)  # m_k: columns of Z (default from the task: d_x; 1 for products)
     ridge: float = Field(0.0, ge=0)  # ρ of the L2-regularised implicit loss (A.4)
     init_std: float | None = Field(None, gt=0)  # default: 1/sqrt(w f + 1)
     lambda_range: tuple[float, float] = (0.9, 0.999)  # initial Λ ~ U(range)

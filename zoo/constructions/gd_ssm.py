@@ -28,6 +28,9 @@ def construction_problem(model_dims: dict, layout: str, d_x: int, d_y: int) -> s
     """Why the GD construction cannot apply (None when it can). `model_dims`: window, n_layers,
     value_dim, key_dim."""
     w, layers, m_v, m_k = (model_dims[k] for k in ("window", "n_layers", "value_dim", "key_dim"))
+    if m_v is None or m_k is None:  # unset in the config: the model takes them from the task
+        default = (d_x, 1) if layout == "products" else (d_y, d_x)
+        m_v, m_k = m_v or default[0], m_k or default[1]
     if layout == "products":
         if layers != 1:
             return "the 'products' layout has no room for Σ x xᵀ: one layer (one GD step) only"

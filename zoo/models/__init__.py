@@ -27,9 +27,13 @@ def create_model(arch, task) -> ZooModel:
             recurrence=arch.recurrence, init_std=arch.init_std, nu_range=arch.lambda_range,
         )
     if arch.type == "gd_ssm":
+        # Unset state dimensions follow the task (so a sweep over task.d_x needs no arch override).
+        products = getattr(task, "layout", None) == "products"
+        value_dim = arch.value_dim or (task.d_x if products else task.d_y)
+        key_dim = arch.key_dim or (1 if products else task.d_x)
         return GDSSM(
             d_in=task.token_dim, d_out=task.d_out, readout=task.readout, n_layers=arch.n_layers, window=arch.window,
-            value_dim=arch.value_dim, key_dim=arch.key_dim, ridge=arch.ridge, init_std=arch.init_std,
+            value_dim=value_dim, key_dim=key_dim, ridge=arch.ridge, init_std=arch.init_std,
             lambda_range=arch.lambda_range,
         )
     if arch.type == "softmax_transformer":
