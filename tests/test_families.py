@@ -173,7 +173,7 @@ def test_lstm_gd_entry_scores_close_to_gd():
 
 
 TOY_ENTRIES = ["lru-in-skip-zucchet-icl", "s5-nd", "lstm-zucchet-icl", "gru-zucchet-icl", "bilstm-d10-c10", "mamba-1d",
-               "griffin-nd", "softmax-tf-1l-d10-c10", "gd-ssm-nd-2layer", "lsa-looped-k4-d10-c10"]
+               "griffin-nd", "softmax-tf-1l-d10-c10", "gd-ssm-nd-2layer", "lsa-looped-k4-d10-c10", "gd-ssm-sine-mlp"]
 
 
 @pytest.mark.parametrize("name", TOY_ENTRIES)

@@ -1,6 +1,8 @@
 """GD-SSM (Sushma, Tian et al.): token layouts, the constructions against k-step (ridge) GD,
 sequence form against iterated `step`, entries and training."""
 
+import math
+
 import pytest
 import torch
 
@@ -76,13 +78,18 @@ def test_ridge_gd_reference_is_the_gradient_step():
     torch.testing.assert_close(gd_weights(b, eta, steps=2, ridge=rho), w.detach(), rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("window,n_layers,layout", [(1, 1, "products"), (3, 2, "interleaved"), (4, 3, "interleaved")])
-def test_forward_equals_iterated_step(window, n_layers, layout):
-    """Random weights (not the construction, whose zeros hide slot mix-ups), float64."""
+@pytest.mark.parametrize("window,n_layers,layout,nonlinear", [(1, 1, "products", False), (3, 2, "interleaved", False),
+                                                          (4, 3, "interleaved", False), (3, 2, "interleaved", True)])
+def test_forward_equals_iterated_step(window, n_layers, layout, nonlinear):
+    """Random weights (not the construction, whose zeros hide slot mix-ups), float64; the A.3
+    variant with its embedding and a gated unit whose (zero-initialised) output is randomised."""
     task = LinearRegressionTask(d_x=3, d_y=1 if layout == "products" else 2, n_context=9, layout=layout)
     torch.manual_seed(0)
+    extra = {"embed": 5, "mlp": 7} if nonlinear else {}
     model = GDSSM(task.token_dim, task.d_y, task.readout, n_layers=n_layers, window=window,
-                  value_dim=4, key_dim=3, ridge=0.3, lambda_range=(0.5, 0.99)).double()
+                  value_dim=4, key_dim=3, ridge=0.3, lambda_range=(0.5, 0.99), **extra).double()
+    if nonlinear:
+        torch.nn.init.normal_(model.mlp.outer.weight)
     tokens = task.sample(3, seed=1, dtype=torch.float64).tokens
     full = model(tokens)
     torch.testing.assert_close(model(tokens, parallel=False), full, rtol=0, atol=1e-12)
@@ -175,3 +182,27 @@ def test_input_scale_curve_constructed_matches_gd_and_s5_does_not():
     torch.manual_seed(0)
     s5 = create_model(zoo.get_entry("s5-1d").arch, task)
     assert abs(input_scale_curve(s5, task, [1.0], n=500)[0]["test_loss"] - rows[1]["gd_loss"]) > 1e-2
+
+
+def test_sine_tasks_are_sine_waves_in_their_ranges():
+    """Each task's targets are exactly A sin(x − φ): fit a sin x + b cos x (a = A cos φ,
+    b = −A sin φ) by least squares, recover A ∈ [0.1, 5] and φ ∈ [0, π], residual ~ 0."""
+    task = LinearRegressionTask(d_x=1, d_y=1, n_context=10, x_scale=5.0, layout="interleaved", target="sine")
+    b = task.sample(500, seed=3, dtype=torch.float64)
+    x, y = b.x[..., 0], b.y[..., 0]  # (N, 11)
+    basis = torch.stack([torch.sin(x), torch.cos(x)], -1)  # (N, 11, 2)
+    coef = torch.linalg.lstsq(basis, y.unsqueeze(-1)).solution.squeeze(-1)  # (N, 2)
+    assert (basis @ coef.unsqueeze(-1)).squeeze(-1).sub(y).abs().max() < 1e-6  # float32 draws, float64 sin
+    amp, phase = coef.norm(dim=1), torch.atan2(-coef[:, 1], coef[:, 0])
+    assert amp.min() >= 0.1 - 1e-6 and amp.max() <= 5.0 + 1e-6 and amp.max() > 4.5 and amp.min() < 0.6
+    assert phase.min() >= -1e-6 and phase.max() <= math.pi + 1e-6
+    assert x.abs().max() <= 5.0 and x.abs().max() > 4.9
+    with pytest.raises(ValueError, match="1-D"):
+        LinearRegressionTask(d_x=2, d_y=1, n_context=10, target="sine")
+
+
+def test_nonlinear_gd_ssm_is_not_constructible():
+    from zoo.constructions.gd_ssm import construction_problem
+
+    dims = {"window": 3, "n_layers": 1, "value_dim": 1, "key_dim": 1, "embed": 16, "mlp": 32}
+    assert "embedding or gated unit" in construction_problem(dims, "interleaved", 1, 1)

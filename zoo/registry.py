@@ -46,12 +46,17 @@ class LinearRegressionSpec(Strict):
     x_scale: float = Field(1.0, gt=0)  # U(−a, a) half-width, or the normal's std
     w_std: float = Field(1.0, gt=0)  # W ~ N(0, w_std²) for training and the test split
     layout: Literal["pairs", "interleaved", "products"] = "pairs"  # tokens, see tasks/regression.py
+    target: Literal["linear", "sine"] = "linear"  # y = W x, or Finn et al.'s y = A sin(x − φ) (1-D)
+    amplitude: tuple[float, float] = (0.1, 5.0)  # sine: A ~ U(range)
+    phase: tuple[float, float] = (0.0, 3.141592653589793)  # sine: φ ~ U(range)
     splits: dict[Literal["validation", "test"], SplitSpec]
 
     @model_validator(mode="after")
     def _products_is_1d(self):
         if self.layout == "products" and self.d_y != 1:
             raise ValueError("layout 'products' (x_t y_t, x_{t+1}) needs d_y = 1")
+        if self.target == "sine" and (self.d_x, self.d_y) != (1, 1):
+            raise ValueError("target 'sine' is 1-D regression: d_x = d_y = 1")
         return self
 
     def build(self):
@@ -60,6 +65,7 @@ class LinearRegressionSpec(Strict):
         return LinearRegressionTask(
             d_x=self.d_x, d_y=self.d_y, n_context=self.n_context,
             x_scale=self.x_scale, w_std=self.w_std, x_dist=self.x_dist, layout=self.layout,
+            target=self.target, amplitude=tuple(self.amplitude), phase=tuple(self.phase),
         )
 
 
@@ -117,6 +123,8 @@ class GDSSMArch(Strict):
     ridge: float = Field(0.0, ge=0)  # ρ of the L2-regularised implicit loss (A.4)
     init_std: float | None = Field(None, gt=0)  # default: 1/sqrt(w f + 1)
     lambda_range: tuple[float, float] = (0.9, 0.999)  # initial Λ ~ U(range)
+    embed: int | None = Field(None, gt=0)  # A.3: linear token embedding to this many channels first
+    mlp: int | None = Field(None, gt=0)  # A.3: hidden width of a weighted-sigmoid gated unit on the read-out
 
 
 class RecurrentStackArch(Strict):

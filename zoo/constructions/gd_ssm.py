@@ -28,6 +28,8 @@ def construction_problem(model_dims: dict, layout: str, d_x: int, d_y: int) -> s
     """Why the GD construction cannot apply (None when it can). `model_dims`: window, n_layers,
     value_dim, key_dim."""
     w, layers, m_v, m_k = (model_dims[k] for k in ("window", "n_layers", "value_dim", "key_dim"))
+    if model_dims.get("embed") or model_dims.get("mlp"):
+        return "the GD construction is for the linear GD-SSM: no embedding or gated unit (A.3 trains those)"
     if m_v is None or m_k is None:  # unset in the config: the model takes them from the task
         default = (d_x, 1) if layout == "products" else (d_y, d_x)
         m_v, m_k = m_v or default[0], m_k or default[1]
@@ -49,7 +51,8 @@ def construction_problem(model_dims: dict, layout: str, d_x: int, d_y: int) -> s
 @torch.no_grad()
 def construct_gd_ssm(model: GDSSM, layout: str, d_x: int, d_y: int, eta: float) -> GDSSM:
     problem = construction_problem(
-        {"window": model.window, "n_layers": len(model.layers), "value_dim": model.value_dim, "key_dim": model.key_dim},
+        {"window": model.window, "n_layers": len(model.layers), "value_dim": model.value_dim, "key_dim": model.key_dim,
+         "embed": model.embed is not None, "mlp": model.mlp is not None},
         layout, d_x, d_y,
     )
     if problem:

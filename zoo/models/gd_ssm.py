@@ -26,6 +26,12 @@ regression on c_t = (x_t y_t, x_{t+1}), w = 1) Eqs. 14–16 are m_v = f, m_k = 1
 "interleaved" layout (x_1, y_1, x_2, …, x_q in disjoint channels, w = 3) Eqs. 17–18 are
 m_v = d_y, m_k = d_x. See zoo/constructions/gd_ssm.py.
 
+Non-linear regression (A.3, Figure 4B): `embed` first maps each token linearly to `embed`
+channels (the paper's input embedding), and `mlp` adds a residual weighted-sigmoid gated unit
+(Tanaka 2020, as in S5) on the read-out before D:
+
+    y ← y + W₂ (u ⊙ σ(W₃ u + b₃)),   u = GELU(W₁ y + b₁)
+
 Glossary (code → paper): `window` = the sliding-window size (3); `a, b` = A, B (the value
 and key projections of C_t); `a_tilde, b_tilde` = Ã, B̃; `nu, nu_tilde` = ν, ν̃ of Λ, Λ̃;
 `beta` = β = −η/N of Eq. 13 (here +η in the zoo's sum convention, sign folded into Z);
@@ -78,15 +84,34 @@ class GDSSMLayer(nn.Module):
         return m + self.beta * (z - m @ z_tilde - ridge * m)
 
 
+class WeightedSigmoidGatedUnit(nn.Module):
+    """y + W₂ (u ⊙ σ(W₃ u + b₃)), u = GELU(W₁ y + b₁): a residual channel-mixing non-linearity."""
+
+    def __init__(self, width: int, hidden: int):
+        super().__init__()
+        self.inner = nn.Linear(width, hidden)  # W₁, b₁
+        self.gate = nn.Linear(hidden, hidden)  # W₃, b₃
+        self.outer = nn.Linear(hidden, width, bias=False)  # W₂
+        nn.init.zeros_(self.outer.weight)  # starts as the identity: the linear GD-SSM
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        u = torch.nn.functional.gelu(self.inner(y))
+        return y + self.outer(u * torch.sigmoid(self.gate(u)))
+
+
 class GDSSM(ZooModel):
     def __init__(self, d_in: int, d_out: int, readout: Readout, *, n_layers: int = 1, window: int = 3,
                  value_dim: int, key_dim: int, ridge: float = 0.0, init_std: float | None = None,
-                 lambda_range: tuple[float, float] = (0.9, 0.999)):
+                 lambda_range: tuple[float, float] = (0.9, 0.999), embed: int | None = None,
+                 mlp: int | None = None):
         super().__init__(d_in=d_in, d_out=d_out, readout=readout)
         self.window = window
         self.ridge = ridge
         self.value_dim, self.key_dim = value_dim, key_dim
-        c_dim = window * d_in + 1
+        self.embed = nn.Linear(d_in, embed) if embed else None
+        self.feature_dim = embed or d_in  # f: channels per token the windows see
+        self.mlp = WeightedSigmoidGatedUnit(value_dim, mlp) if mlp else None
+        c_dim = window * self.feature_dim + 1
         std = init_std or c_dim**-0.5
         self.layers = nn.ModuleList(
             GDSSMLayer(c_dim, value_dim, key_dim, second_head=i > 0, init_std=std, lambda_range=lambda_range)
@@ -107,8 +132,12 @@ class GDSSM(ZooModel):
     def _with_constant(self, window: torch.Tensor) -> torch.Tensor:
         return torch.cat([window, torch.ones_like(window[..., :1])], dim=-1)
 
+    def _features(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.embed(tokens) if self.embed is not None else tokens
+
     def windows(self, tokens: torch.Tensor) -> torch.Tensor:
-        """c_t for every t: (B, T, f) → (B, T, w f + 1)."""
+        """c_t for every t: (B, T, d_in) → (B, T, w f + 1)."""
+        tokens = self._features(tokens)  # (B, T, f)
         B, T, f = tokens.shape
         padded = torch.cat([tokens.new_zeros(B, self.window - 1, f), tokens], dim=1)  # (B, T+w−1, f)
         slots = [padded[:, k : k + T] for k in range(self.window)]  # oldest first
@@ -116,7 +145,10 @@ class GDSSM(ZooModel):
 
     def _output(self, m: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         query = (m @ (c @ self.q.T).unsqueeze(-1)).squeeze(-1)  # (..., m_v)
-        return (query * (c @ self.r.T)) @ self.d.T  # (..., d_out)
+        y = query * (c @ self.r.T)  # (..., m_v)
+        if self.mlp is not None:
+            y = self.mlp(y)
+        return y @ self.d.T  # (..., d_out)
 
     @staticmethod
     def _lam(nu: torch.Tensor) -> torch.Tensor:
@@ -148,7 +180,7 @@ class GDSSM(ZooModel):
 
     def init_state(self, batch: int) -> tuple[torch.Tensor, ...]:
         p = self._param_like()
-        state = [p.new_zeros(batch, self.window - 1, self.d_in)] if self.window > 1 else []
+        state = [p.new_zeros(batch, self.window - 1, self.feature_dim)] if self.window > 1 else []
         for layer in self.layers:
             state.append(p.new_zeros(batch, self.value_dim, self.key_dim))
             if layer.second_head:
@@ -156,6 +188,7 @@ class GDSSM(ZooModel):
         return tuple(state)
 
     def step(self, token: torch.Tensor, state: tuple[torch.Tensor, ...]):
+        token = self._features(token)  # (B, f)
         state = list(state)
         new_state = []
         if self.window > 1:

@@ -11,6 +11,10 @@ and targets y_t = W x_t. How the examples become tokens is the task's `layout`:
 
 and the model must predict y_{C+1} at the last position.
 
+`target = "sine"` replaces y = W x by Finn et al.'s sine waves, y = A sin(x − φ) with
+A ~ U(amplitude) and φ ~ U(phase) per task (d_x = d_y = 1; Sushma, Tian et al. A.3, Figure 4B):
+a non-linear regression where linear GD is only a baseline.
+
 Conventions (one for the whole zoo):
     loss      = ½ · mean over tasks and output coordinates of (ŷ − y)²
                 (Zucchet et al.; von Oswald et al.'s 0.5·Σ(t−p)²/B for d_y = 1).
@@ -31,6 +35,8 @@ Glossary (code → paper):
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -84,10 +90,17 @@ class LinearRegressionTask:
     w_std: float = 1.0
     x_dist: str = "uniform"  # "uniform" on (−x_scale, x_scale) or "normal" with std x_scale
     layout: str = "pairs"  # how examples become tokens: "pairs" | "interleaved" | "products"
+    target: str = "linear"  # "linear" (y = W x) or "sine" (y = A sin(x − φ), d_x = d_y = 1)
+    amplitude: tuple[float, float] = (0.1, 5.0)  # sine: A ~ U(range)
+    phase: tuple[float, float] = (0.0, math.pi)  # sine: φ ~ U(range)
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.target not in ("linear", "sine"):
+            raise ValueError(f"target must be 'linear' or 'sine', got {self.target!r}")
+        if self.target == "sine" and (self.d_x, self.d_y) != (1, 1):
+            raise ValueError("sine-wave tasks are 1-D: d_x = d_y = 1")
         if self.layout == "products" and self.d_y != 1:
             raise ValueError("the 'products' layout (x_t y_t, x_{t+1}) needs d_y = 1")
 
@@ -145,6 +158,12 @@ class LinearRegressionTask:
             x = torch.randn(shape_x, generator=generator, device=device, dtype=dtype) * self.x_scale
         else:
             raise ValueError(f"unknown x_dist {self.x_dist!r}")
+        if self.target == "sine":
+            amp = torch.empty((n, 1, 1), device=device, dtype=dtype).uniform_(*self.amplitude, generator=generator)
+            phase = torch.empty((n, 1, 1), device=device, dtype=dtype).uniform_(*self.phase, generator=generator)
+            # float64 then rounded: sin's float32 kernels differ between CPUs, and frozen splits hash y
+            y = (amp.double() * torch.sin(x.double() - phase.double())).to(dtype)  # (B, C+1, 1)
+            return self.batch_from_arrays(x, y)
         w = torch.randn((n, self.d_y, self.d_x), generator=generator, device=device, dtype=dtype) * w_std
         y = x @ w.transpose(1, 2)  # (B, C+1, d_y)
         return self.batch_from_arrays(x, y)
@@ -184,7 +203,10 @@ class LinearRegressionTask:
         return 9 / 5 if self.x_dist == "uniform" else 3.0
 
     def analytic_eta(self) -> float:
-        """Optimal one-step-GD η (Zucchet App. C.2, Eq. 30 with i.i.d. inputs of kurtosis κ)."""
+        """Optimal one-step-GD η (Zucchet App. C.2, Eq. 30 with i.i.d. inputs of kurtosis κ).
+        Sine tasks have no closed form: the closed-form optimum over 8192 tasks of seed 0."""
+        if self.target == "sine":
+            return _sine_eta(self)
         return 1.0 / (self.x_variance * (self.n_context + self.d_x - 2 + self.x_kurtosis))
 
     def analytic_gd_loss(self, eta: float | None = None, w_std: float | None = None) -> float:
@@ -247,3 +269,8 @@ def least_squares_predict(batch: TaskBatch) -> torch.Tensor:
     x, y = batch.x_context.double(), batch.y_context.double()
     w = torch.linalg.pinv(x) @ y  # (B, d_x, d_y)
     return (batch.x_query.double().unsqueeze(1) @ w).squeeze(1).to(batch.x.dtype)
+
+
+@functools.lru_cache(maxsize=32)
+def _sine_eta(task: LinearRegressionTask) -> float:
+    return empirical_eta(task.sample(8192, seed=0, dtype=torch.float64))
