@@ -19,6 +19,7 @@ def setup(name, **overrides):
     ("gated-rnn-zucchet-icl", {"arch.hidden": 12, "source.batch_size": 16, "source.grad_clip": 0.5}),
     ("lsa-d10-c10", {"source.batch_size": 32}),
     ("gd-ssm-nd", {"source.batch_size": 16}),
+    ("gd-ssm-sine-gd-mlp", {"source.batch_size": 16, "source.warmup_steps": 0}),  # frozen layers
 ])
 def test_members_equal_their_solo_runs(tmp_path, name, overrides):
     entry, task, make = setup(name, **overrides)

@@ -205,4 +205,32 @@ def test_nonlinear_gd_ssm_is_not_constructible():
     from zoo.constructions.gd_ssm import construction_problem
 
     dims = {"window": 3, "n_layers": 1, "value_dim": 1, "key_dim": 1, "embed": 16, "mlp": 32}
-    assert "embedding or gated unit" in construction_problem(dims, "interleaved", 1, 1)
+    assert "no input embedding" in construction_problem(dims, "interleaved", 1, 1)
+    assert construction_problem({**dims, "embed": None}, "interleaved", 1, 1) is None  # the gated unit is trained on top
+
+
+def test_training_from_the_construction_with_frozen_layers(tmp_path):
+    """`source.init` + `source.freeze`: before training the model *is* the GD construction (the
+    gated unit starts as the identity), and training moves only the unfrozen gated unit."""
+    from zoo.builder import _initialise
+    from zoo.evaluate import evaluate
+    from zoo.models import create_model
+    from zoo.registry import get_entry, get_task_spec
+    from zoo.tasks.frozen import load_split
+
+    entry = get_entry("gd-ssm-sine-gd-mlp")
+    task = get_task_spec(entry.task).build()
+    validation, test = load_split(entry.task, "validation"), load_split(entry.task, "test")
+    torch.manual_seed(0)
+    start = create_model(entry.arch, task)
+    info = _initialise(entry, start, task, validation)
+    assert info["init"] == "gd_ssm" and info["eta"] == pytest.approx(task.analytic_eta())
+    m = evaluate(start.double(), task, test.batch(task, dtype=torch.float64), eta=info["eta"])
+    assert m["test_loss"] == pytest.approx(m["gd_loss"], rel=1e-9)
+
+    ckpt = zoo.build("gd-ssm-sine-gd-mlp", tmp_path, steps=5, progress=False, overrides={"source.batch_size": 8})
+    trained, initial = ckpt.model.state_dict(), start.float().state_dict()
+    frozen = [k for k in trained if entry.source.frozen(k)]
+    assert frozen and all(torch.equal(trained[k], initial[k]) for k in frozen)
+    assert not torch.equal(trained["mlp.outer.weight"], initial["mlp.outer.weight"])
+    assert ckpt.construction["init"] == "gd_ssm" and "frozen" in (tmp_path / "README.md").read_text()

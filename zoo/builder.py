@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
@@ -53,6 +54,7 @@ def build(
         dev = torch.device(device) if device else default_device()
         torch.manual_seed(seed)  # the initial weights belong to the seed too
         model = create_model(entry.arch, task)
+        construction = _initialise(entry, model, task, validation)
         if out is None:
             raise ValueError("training needs an output folder (out=...) for its resumable state")
         result = train(
@@ -79,6 +81,19 @@ def _evaluate_and_save(entry, spec, model, prov, construction, history, out, val
     return ckpt
 
 
+def _initialise(entry, model, task, validation) -> dict | None:
+    """Apply `source.init` (a construction) before training; the parameters it sets may then be frozen."""
+    if not entry.source.init:
+        return None
+    from zoo.registry import initial_construction
+
+    with torch.no_grad():
+        start = copy.deepcopy(model).double()
+        info = construct(initial_construction(entry), start, task, validation.batch(task, dtype=torch.float64))
+        model.load_state_dict({k: v.to(model.state_dict()[k].dtype) for k, v in start.state_dict().items()})
+    return {**info, "init": entry.source.init, "frozen": list(entry.source.freeze)}
+
+
 def build_ensemble(
     name: str | Entry,
     seeds: list[int],
@@ -98,7 +113,14 @@ def build_ensemble(
     if entry.source.kind != "trained":
         raise ValueError(f"entry '{entry.name}' is constructed; only trained entries form ensembles")
     dev = torch.device(device) if device else default_device()
-    result = train_ensemble(lambda: create_model(entry.arch, task), task, entry.source, seeds, run_dir=Path(run_dir),
+
+    def make_member():
+        model = create_model(entry.arch, task)
+        _initialise(entry, model, task, validation)
+        return model
+
+    construction = _initialise(entry, create_model(entry.arch, task), task, validation)
+    result = train_ensemble(make_member, task, entry.source, seeds, run_dir=Path(run_dir),
                             validation_batch=validation.batch(task), steps=steps, device=dev, progress=progress)
     ckpts = []
     for i, (seed, model, out) in enumerate(zip(seeds, result.models, outs)):
@@ -106,6 +128,6 @@ def build_ensemble(
                     **({"val_loss": r["val_loss"][i]} if "val_loss" in r else {})} for r in result.history]
         prov = provenance(seed=seed, steps=result.steps, device=str(dev), dataset_hashes=hashes)
         prov["ensemble"] = {"members": len(seeds), "seeds": list(seeds)}
-        ckpts.append(_evaluate_and_save(entry, spec, model.cpu(), prov, None, history, out, validation, test))
+        ckpts.append(_evaluate_and_save(entry, spec, model.cpu(), prov, construction, history, out, validation, test))
     return ckpts
 

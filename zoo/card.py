@@ -93,6 +93,9 @@ def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
         p = ckpt.provenance
         source_summary = (f"trained for {p.get('steps')} steps on {p.get('device')} (seed {p.get('seed')}): AdamW lr {src.lr:g}"
                           f" ({src.schedule}), batch {src.batch_size}, weight decay {src.weight_decay:g}; fresh tasks every step")
+        if src.init:
+            source_summary += (f"; started from the `{src.init}` construction (η = {(ckpt.construction or {}).get('eta', 0):.6g})"
+                               + (f" with {', '.join(f'`{f}`' for f in src.freeze)} frozen" if src.freeze else ""))
     a = entry.arch
     arch_summary = f"`{a.type}` — " + ", ".join(f"{k}={v}" for k, v in a.model_dump().items() if k != "type")
     expected = entry.expected.get("test_loss")

@@ -181,6 +181,12 @@ class TrainRecipe(Strict):
     seed: int = 0
     eval_every: int = Field(500, gt=0)  # validation on the frozen split every N steps
     checkpoint_every: int = Field(1000, gt=0)  # resumable training state every N steps
+    init: Literal["gd", "gd_ssm"] | None = None  # start from this construction (analytic η) instead of random weights
+    freeze: list[str] = []  # parameter-name prefixes left as initialised (e.g. the constructed layers)
+
+    def frozen(self, name: str) -> bool:
+        """Is parameter `name` frozen? (Ensembles escape dots as '__'.)"""
+        return any(name == f or name.startswith((f + ".", f + "__")) for f in self.freeze)
 
 
 class Construction(Strict):
@@ -241,6 +247,11 @@ class Registry:
         if name not in self.tasks:
             raise RegistryError(f"unknown task {name!r}; known: {', '.join(sorted(self.tasks))}")
         return self.tasks[name]
+
+
+def initial_construction(entry: Entry) -> Entry:
+    """A trained entry with `source.init` as the constructed entry its training starts from."""
+    return entry.model_copy(update={"source": Construction(kind="constructed", construction=entry.source.init)})
 
 
 def construction_problem(entry: Entry, task: TaskSpec) -> str | None:
@@ -324,6 +335,10 @@ def load_registry(directory: Path = ENTRIES_DIR) -> Registry:
             problem = construction_problem(entry, tasks[entry.task])
             if problem:
                 errors.append(f"{entry.file}: entry '{entry.name}': field 'source.construction': {problem}")
+        elif entry.source.init:
+            problem = construction_problem(initial_construction(entry), tasks[entry.task])
+            if problem:
+                errors.append(f"{entry.file}: entry '{entry.name}': field 'source.init': {problem}")
     if errors:
         raise RegistryError("invalid zoo registry:\n" + "\n".join(errors))
     return Registry(tasks, entries)

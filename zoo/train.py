@@ -56,12 +56,17 @@ def make_optimizer(model: torch.nn.Module, recipe, *, capturable: bool = False) 
     `capturable=True` (for CUDA graphs) keeps AdamW's step counters on the device and makes
     each group's lr a 0-d device tensor that a captured step can rewrite in place."""
     exempt = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
+    frozen = getattr(recipe, "frozen", lambda name: False)
+    for name, p in model.named_parameters():
+        if frozen(name):
+            p.requires_grad_(False)  # no gradient, no update, no weight decay, not in the clipped norm
     recurrent = set()
     if recipe.recurrent_lr is not None and hasattr(model, "recurrent_parameter_names"):
         recurrent = model.recurrent_parameter_names()
     groups: dict[tuple[bool, bool], list] = {}
     for name, p in model.named_parameters():
-        groups.setdefault((name in exempt, name in recurrent), []).append(p)
+        if p.requires_grad:
+            groups.setdefault((name in exempt, name in recurrent), []).append(p)
     param_groups = [
         {"params": params, "weight_decay": 0.0 if no_decay else recipe.weight_decay,
          "lr": recipe.recurrent_lr if is_recurrent else recipe.lr}

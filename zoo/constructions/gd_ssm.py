@@ -28,8 +28,8 @@ def construction_problem(model_dims: dict, layout: str, d_x: int, d_y: int) -> s
     """Why the GD construction cannot apply (None when it can). `model_dims`: window, n_layers,
     value_dim, key_dim."""
     w, layers, m_v, m_k = (model_dims[k] for k in ("window", "n_layers", "value_dim", "key_dim"))
-    if model_dims.get("embed") or model_dims.get("mlp"):
-        return "the GD construction is for the linear GD-SSM: no embedding or gated unit (A.3 trains those)"
+    if model_dims.get("embed"):
+        return "the GD construction reads the raw tokens: no input embedding (a gated unit on the read-out is left to training)"
     if m_v is None or m_k is None:  # unset in the config: the model takes them from the task
         default = (d_x, 1) if layout == "products" else (d_y, d_x)
         m_v, m_k = m_v or default[0], m_k or default[1]
@@ -63,8 +63,9 @@ def construct_gd_ssm(model: GDSSM, layout: str, d_x: int, d_y: int, eta: float) 
     def slot(k: int, channel: int) -> int:
         return k * f + channel
 
-    for p in model.parameters():
-        p.zero_()
+    for name, p in model.named_parameters():
+        if not name.startswith("mlp."):  # a gated unit on the read-out keeps its (identity) init, for training
+            p.zero_()
     for layer in model.layers:
         layer.nu.fill_(-float("inf"))
         layer.beta.fill_(eta)
