@@ -90,3 +90,21 @@ def test_one_layer_lsa_learns_gd_on_a_small_task(tmp_path):
     m = evaluate(model, TASK, test)
     assert m["test_loss"] < 1.03 * m["gd_loss"], m
     assert m["sensitivity_cosine"] > 0.98, m
+
+
+@pytest.mark.parametrize("optimizer,expected", [("adamw", 1 - 0.1 * 1e-4), ("adam_l2", 1 - 0.1)])
+def test_decay_of_a_weight_the_loss_never_touches(optimizer, expected):
+    """AdamW shrinks it by lr·λ·w per step; Adam with an L2 term normalises the decay like a
+    gradient and moves it by ~lr (what removes Table 2's unconstrained terms)."""
+    from zoo.registry import TrainRecipe
+    from zoo.train import make_optimizer
+
+    model = torch.nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    recipe = TrainRecipe(kind="trained", lr=0.1, weight_decay=1e-4, steps=1, batch_size=1, optimizer=optimizer)
+    opt = make_optimizer(model, recipe)
+    loss = (model(torch.tensor([[1.0, 0.0]])) - 3.0).pow(2).sum()  # no gradient for the second weight
+    loss.backward()
+    opt.step()
+    assert model.weight[0, 1].item() == pytest.approx(expected, rel=1e-4)  # Adam's ε = 1e-8 against |g| = 1e-4

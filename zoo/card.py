@@ -91,7 +91,7 @@ def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
         source_summary = f"constructed (`{src.construction}`; {extra})"
     else:
         p = ckpt.provenance
-        source_summary = (f"trained for {p.get('steps')} steps on {p.get('device')} (seed {p.get('seed')}): AdamW lr {src.lr:g}"
+        source_summary = (f"trained for {p.get('steps')} steps on {p.get('device')} (seed {p.get('seed')}): {'AdamW' if src.optimizer == 'adamw' else 'Adam + L2'} lr {src.lr:g}"
                           f" ({src.schedule}), batch {src.batch_size}, weight decay {src.weight_decay:g}; fresh tasks every step")
         if src.init:
             source_summary += (f"; started from the `{src.init}` construction (η = {(ckpt.construction or {}).get('eta', 0):.6g})"

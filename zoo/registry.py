@@ -167,7 +167,7 @@ Arch = Annotated[
 # ---------------------------------------------------------------------------- sources
 class TrainRecipe(Strict):
     kind: Literal["trained"]
-    optimizer: Literal["adamw"] = "adamw"
+    optimizer: Literal["adamw", "adam_l2"] = "adamw"  # decoupled decay, or Adam with weight_decay as an L2 term in the gradient
     lr: float = Field(1e-3, gt=0)  # peak learning rate
     final_lr: float = Field(0.0, ge=0)  # end of the cosine decay
     betas: tuple[float, float] = (0.9, 0.999)

@@ -53,6 +53,10 @@ def make_optimizer(model: torch.nn.Module, recipe, *, capturable: bool = False) 
     """AdamW; parameters a model lists in `no_weight_decay()` (recurrent λ's ν) are not decayed,
     and with `recipe.recurrent_lr` those in `recurrent_parameter_names()` get that peak lr.
 
+    `recipe.optimizer = "adam_l2"` uses Adam with the decay as an L2 term in the gradient: it is
+    then normalised with the gradient, so weights the loss never touches shrink by ~lr per step
+    instead of lr·λ·w (Zucchet Table 2's residual terms; reports/gpu-2026-11-23).
+
     `capturable=True` (for CUDA graphs) keeps AdamW's step counters on the device and makes
     each group's lr a 0-d device tensor that a captured step can rewrite in place."""
     exempt = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
@@ -72,13 +76,14 @@ def make_optimizer(model: torch.nn.Module, recipe, *, capturable: bool = False) 
          "lr": recipe.recurrent_lr if is_recurrent else recipe.lr}
         for (no_decay, is_recurrent), params in sorted(groups.items())
     ]
+    optimizer = torch.optim.Adam if getattr(recipe, "optimizer", "adamw") == "adam_l2" else torch.optim.AdamW
     if capturable:
         device = next(model.parameters()).device
         for group in param_groups:
             group["lr"] = torch.tensor(float(group["lr"]), device=device)
-        return torch.optim.AdamW(param_groups, lr=torch.tensor(recipe.lr, device=device), betas=tuple(recipe.betas),
-                                 weight_decay=recipe.weight_decay, capturable=True, foreach=True)
-    return torch.optim.AdamW(param_groups, lr=recipe.lr, betas=tuple(recipe.betas), weight_decay=recipe.weight_decay)
+        return optimizer(param_groups, lr=torch.tensor(recipe.lr, device=device), betas=tuple(recipe.betas),
+                         weight_decay=recipe.weight_decay, capturable=True, foreach=True)
+    return optimizer(param_groups, lr=recipe.lr, betas=tuple(recipe.betas), weight_decay=recipe.weight_decay)
 
 
 # ---------------------------------------------------------------- resumable state
