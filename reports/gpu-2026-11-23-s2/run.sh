@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The second GPU session of 2026-11-23 (one H100), from the repo root, stage by stage:
+#   launch    five sweep processes in the background (setsid), logs in /tmp/gpu-runs
+#   status    each ensemble's step (from its resumable state), the logs' tails, GPU use
+#   collect   the finished checkpoints (no training states) as $OUT/runs.tar.gz
+# Needs the wheels in .whl (pydantic, datasets; see /work/.library/device/README.md).
+set -u
+stage=${1:?usage: run.sh launch|status|collect}
+RUNS=/tmp/gpu-runs
+export ICL_ZOO_CACHE=/tmp/zoo-cache MPLBACKEND=Agg PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
+if [ ! -d /tmp/site ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
+fi
+zoo() { python3 -m zoo.cli "$@"; }
+mkdir -p $RUNS
+GDSSM_LR="--set source.lr=3e-3 --set source.recurrent_lr=1.5e-3 --set source.warmup_steps=200"
+
+case $stage in
+launch)
+  start() { name=$1; shift; setsid nohup bash -c "$(declare -f zoo); $*" >$RUNS/$name.log 2>&1 < /dev/null & }
+  start ts-adamw   "zoo sweep sweeps/teacher-student-d4.toml --out $RUNS/ts-adamw --quiet"
+  start ts-adam-l2 "zoo sweep sweeps/teacher-student-d4.toml --set source.optimizer=adam_l2 --out $RUNS/ts-adam-l2 --quiet"
+  start table-2    "zoo sweep sweeps/table-2.toml --set source.optimizer=adam_l2 --out $RUNS/table-2-adam-l2 --quiet;
+                    zoo sweep sweeps/gd-ssm-feature-dim-lr.toml --steps 10000 --set source.recurrent_lr=1.5e-3 --set source.warmup_steps=200 --out $RUNS/feature-dim-lr --quiet;
+                    zoo sweep sweeps/gd-ssm-sine.toml --steps 30000 $GDSSM_LR --out $RUNS/sine --quiet"
+  start figure-5   "zoo sweep sweeps/figure-5.toml --ensemble --steps 30000 --out $RUNS/figure-5 --quiet"
+  start gd-ssm     "zoo sweep sweeps/gd-ssm.toml --steps 20000 $GDSSM_LR --out $RUNS/gd-ssm --quiet;
+                    zoo sweep sweeps/context-size.toml --steps 5000 --out $RUNS/context-size --quiet"
+  sleep ${2:-60}; tail -n 3 $RUNS/*.log
+  ;;
+status)
+  sleep ${2:-0}
+  for f in $RUNS/*/.ensembles/*/train_state.json; do
+    [ -e "$f" ] && python3 -c "import json,sys; m=json.load(open(sys.argv[1])); h=m['history'][-1] if m['history'] else {}; print(*sys.argv[1].split('/')[3:6:2], m['step'], h.get('val_loss'))" "$f"
+  done
+  for d in $RUNS/*/; do echo "$d: $(ls -d $d*/ 2>/dev/null | wc -l) finished"; done
+  tail -n 2 $RUNS/*.log; nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+  ;;
+collect)
+  sleep ${2:-0}
+  (cd $RUNS && tar czf ${OUT:?}/runs.tar.gz --exclude='.ensembles/*/train_state.safetensors' --exclude='*.onnx' .)
+  ls -la $OUT
+  ;;
+esac
