@@ -38,14 +38,35 @@ def test_hash_sees_one_flipped_bit():
     assert content_hash(np.zeros((3, 2, 4), np.float32), np.zeros((3, 2, 1), np.float32)) != h  # shape counts
 
 
-def test_tampered_split_on_disk_is_refused():
+def test_tampered_split_on_disk_is_regenerated_and_kept_aside():
     split = load_split("zucchet-icl", "validation")
     path = cache_dir() / "datasets" / "zucchet-icl" / "validation" / "data.parquet"
-    table = pq.read_table(path)
     x = split.x.copy()
     x.view(np.uint8)[0, 0, 0] ^= 1  # flip the lowest bit of one float
     save_split(x, split.y, path.parent)
+    tampered = content_hash(x, split.y)
+    with pytest.warns(UserWarning, match="regenerated it from seed"):
+        healed = load_split("zucchet-icl", "validation")
+    assert healed.sha256 == split.sha256 and np.array_equal(healed.x, split.x)  # never the tampered data
+    aside = path.with_name(f"data.parquet.mismatch-{tampered[:12]}")
+    kept_x, _ = read_parquet_arrays(aside)  # nothing lost: the edited file is still there
+    assert content_hash(kept_x, split.y) == tampered
+    aside.unlink()
+
+
+def test_split_this_machine_generates_differently_is_refused(monkeypatch):
+    import zoo.tasks.frozen as frozen
+
+    split = load_split("zucchet-icl", "validation")
+    path = cache_dir() / "datasets" / "zucchet-icl" / "validation" / "data.parquet"
+    before = path.read_bytes()
+    x = split.x.copy()
+    x.view(np.uint8)[0, 0, 0] ^= 1
+    save_split(x, split.y, path.parent)
+    edited = path.read_bytes()
+    real = frozen.generate_split
+    monkeypatch.setattr(frozen, "generate_split", lambda *a: (lambda xy: (xy[0] + 1, xy[1]))(real(*a)))
     with pytest.raises(DatasetHashMismatch, match="does not match the expected"):
         load_split("zucchet-icl", "validation")
-    pq.write_table(table, path)  # restore
-    assert load_split("zucchet-icl", "validation").sha256 == split.sha256
+    assert path.read_bytes() == edited  # refused without touching the cache
+    path.write_bytes(before)
