@@ -157,3 +157,11 @@ def test_cuda_graph_divergence_keeps_last_good_state(tmp_path):
         from safetensors.torch import load_file
         assert all(torch.isfinite(v).all() for k, v in load_file(tmp_path / "train_state.safetensors").items()
                    if k.startswith("model."))
+
+
+def test_cuda_graph_on_cpu_is_refused_before_training(tmp_path):
+    entry, task, make = setup("lsa-d10-c10", **{"source.batch_size": 8})
+    with pytest.raises(ValueError, match="cuda_graph=True needs a CUDA device"):
+        train_ensemble(make, task, entry.source, [0, 1], run_dir=tmp_path / "r", steps=3, device="cpu",
+                       cuda_graph=True, progress=False)
+    assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())  # nothing written

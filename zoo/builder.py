@@ -90,7 +90,8 @@ def _initialise(entry, model, task, validation) -> dict | None:
     with torch.no_grad():
         start = copy.deepcopy(model).double()
         info = construct(initial_construction(entry), start, task, validation.batch(task, dtype=torch.float64))
-        model.load_state_dict({k: v.to(model.state_dict()[k].dtype) for k, v in start.state_dict().items()})
+        dtypes = {k: v.dtype for k, v in model.state_dict().items()}
+        model.load_state_dict({k: v.to(dtypes[k]) for k, v in start.state_dict().items()})
     return {**info, "init": entry.source.init, "frozen": list(entry.source.freeze)}
 
 
