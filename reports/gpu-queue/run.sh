@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# The second GPU session of 2026-11-23 (one H100), from the repo root, stage by stage:
+# Queued for the next session that has a GPU (the 2026-11-23 second session had none, so none of
+# this has run yet). Each line is a paper-length run an open issue still needs (#3 teacher-student
+# KV score at 1M steps and Table 2 with Adam + L2; #6 Figure 5 and the context-size rows; #7 the
+# GD-SSM baselines, feature dimension and sine waves). From the repo root, stage by stage:
 #   launch    five sweep processes in the background (setsid), logs in /tmp/gpu-runs
 #   status    each ensemble's step (from its resumable state), the logs' tails, GPU use
 #   collect   the finished checkpoints (no training states) as $OUT/runs.tar.gz
@@ -21,7 +24,7 @@ launch)
   start ts-adamw   "zoo sweep sweeps/teacher-student-d4.toml --out $RUNS/ts-adamw --quiet"
   start ts-adam-l2 "zoo sweep sweeps/teacher-student-d4.toml --set source.optimizer=adam_l2 --out $RUNS/ts-adam-l2 --quiet"
   start table-2    "zoo sweep sweeps/table-2.toml --set source.optimizer=adam_l2 --out $RUNS/table-2-adam-l2 --quiet;
-                    zoo sweep sweeps/gd-ssm-feature-dim-lr.toml --steps 10000 --set source.recurrent_lr=1.5e-3 --set source.warmup_steps=200 --out $RUNS/feature-dim-lr --quiet;
+                    zoo sweep sweeps/gd-ssm-feature-dim-decay.toml --steps 30000 $GDSSM_LR --out $RUNS/feature-dim-decay --quiet;
                     zoo sweep sweeps/gd-ssm-sine.toml --steps 30000 $GDSSM_LR --out $RUNS/sine --quiet"
   start figure-5   "zoo sweep sweeps/figure-5.toml --ensemble --steps 30000 --out $RUNS/figure-5 --quiet"
   start gd-ssm     "zoo sweep sweeps/gd-ssm.toml --steps 20000 $GDSSM_LR --out $RUNS/gd-ssm --quiet;
