@@ -6,7 +6,7 @@ import torch
 from zoo.analysis.polynomial import (
     coefficients, monomials, polynomial_distance, prediction_map, regression_coefficient_table,
 )
-from zoo.analysis.rnn import active_neurons, kv_q_scores, prune
+from zoo.analysis.rnn import active_neurons, imperfect_memory_effect, kv_q_scores, prune
 from zoo.constructions import construct_gd_lsa
 from zoo.constructions.rnn_from_lsa import lsa_weights, rnn_from_lsa
 from zoo.models.gated_rnn import GatedLinearRNN
@@ -140,3 +140,30 @@ def test_kv_q_scores_and_pruning():
     x = torch.randn(3, 32, 4, dtype=torch.float64)
     torch.testing.assert_close(small(x), big(x), rtol=0, atol=1e-12)
     assert kv_q_scores(big, task.teacher_weights())["prunable_neurons"] == 10
+
+
+def test_imperfect_memory_effect():
+    """0 for the construction (every λ is exactly 0 or 1); for a neuron with λ = 0.9 that feeds
+    the output it is exactly the relative change of silencing that neuron."""
+    task = LSATeacherTask(d=4, teacher_seed=4, x_std=0.4)
+    rnn = rnn_from_lsa(*lsa_weights(task.teacher()), task.readout)
+    x = torch.randn(8, 32, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    assert imperfect_memory_effect(rnn, x) == 0.0
+    leaky = GatedLinearRNN(4, 4, task.readout, hidden=21, gates=17).double()
+    with torch.no_grad():
+        for p in leaky.parameters():
+            p.zero_()
+        leaky.w_m_in[:20], leaky.w_x_in[:20], leaky.nu[:20] = rnn.w_m_in, rnn.w_x_in, rnn.nu
+        leaky.w_m_out[:16, :20], leaky.w_x_out[:16, :20], leaky.readout_matrix[:, :16] = rnn.w_m_out, rnn.w_x_out, rnn.readout_matrix
+        leaky.w_m_in[20, 0], leaky.w_x_in[20, 4] = 1.0, 1.0  # h ← 0.9 h + x_1
+        leaky.nu[20] = torch.log(-torch.log(torch.tensor(0.9, dtype=torch.float64)))
+        leaky.w_m_out[16, 20], leaky.w_x_out[16, 20], leaky.readout_matrix[0, 16] = 1.0, 1.0, 0.3  # reads h²
+    leaky.requires_grad_(False)
+    out = leaky(x)
+    h = sequential_scan(torch.full((8, 32, 1), 0.9, dtype=torch.float64), x[..., :1])
+    extra = torch.zeros_like(out)
+    extra[..., 0] = 0.3 * h[..., 0] ** 2
+    torch.testing.assert_close(out - extra, rnn.requires_grad_(False)(x), rtol=0, atol=1e-12)  # the extra neuron adds exactly that
+    expected = float(extra.norm() / out.norm())
+    assert expected > 1e-2
+    assert imperfect_memory_effect(leaky, x) == pytest.approx(expected, rel=1e-12)

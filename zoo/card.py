@@ -18,6 +18,7 @@ METRIC_NAMES = {
     "polynomial_distance": "Polynomial distance to the teacher",
     "kv_score": "KV score (1 − R²)",
     "q_score": "Q score (1 − R²)",
+    "imperfect_memory_effect": "output share of 0 < λ < 1 neurons",
 }
 
 

@@ -99,8 +99,9 @@ def cmd_eval(args) -> int:
     if args.json:
         _print_json(metrics)
     else:
+        width = max(map(len, metrics), default=0)
         for k, v in metrics.items():
-            print(f"{k:>22}: {v}")
+            print(f"{k:>{width}}: {v}")
     return 0
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from zoo.analysis.polynomial import coefficients, polynomial_distance, prediction_map, regression_coefficient_table
-from zoo.analysis.rnn import kv_q_scores
+from zoo.analysis.rnn import imperfect_memory_effect, kv_q_scores
 from zoo.models.gated_rnn import GatedLinearRNN
 from zoo.models.lsa import LinearSelfAttention
 from zoo.tasks.teacher import LSATeacherTask
@@ -88,6 +88,7 @@ def evaluate_teacher_student(model, task: LSATeacherTask, batch) -> dict:
         metrics["polynomial_distance"] = polynomial_distance(student, teacher)
     if isinstance(model, GatedLinearRNN) and model.recurrence == "diagonal":
         metrics.update(kv_q_scores(model, task.teacher_weights()))
+        metrics["imperfect_memory_effect"] = imperfect_memory_effect(model, batch.tokens[:512])
     return metrics
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 from zoo.checkpoint import CONFIG, EVAL_RESULTS
 
 COLUMNS = ("test_loss", "gd_loss", "lstsq_loss", "pred_l2_to_gd", "sensitivity_cosine", "gd_steps", "polynomial_distance",
-           "kv_score", "q_score")
+           "kv_score", "q_score", "imperfect_memory_effect")
 REGRESSION_COLUMNS = ["gd_loss", "gd_steps", "pred_l2_to_gd", "sensitivity_cosine"]
-TEACHER_COLUMNS = ["polynomial_distance", "kv_score", "q_score"]  # students of an LSA teacher: no GD reference
+TEACHER_COLUMNS = ["polynomial_distance", "kv_score", "q_score", "imperfect_memory_effect"]  # students of an LSA teacher: no GD reference
 
 
 def checkpoint_folders(paths: list[str | Path]) -> list[Path]:

@@ -76,6 +76,23 @@ def kv_q_scores(rnn: GatedLinearRNN, lsa_weights: dict[str, torch.Tensor], *, n:
     }
 
 
+@torch.no_grad()
+def imperfect_memory_effect(rnn: GatedLinearRNN, tokens: torch.Tensor, *, eps: float = 1e-2) -> float:
+    """How much the output relies on neurons that neither remember (λ ≈ 1) nor forget (λ ≈ 0):
+    ‖f(x) − f_silenced(x)‖ / ‖f(x)‖ over `tokens` (B, T, d), silencing every active neuron with
+    eps ≤ λ ≤ 1 − eps at once. The paper's identification assumes this is ~0; a student can reach
+    a tiny loss while a band of λ ≈ 0.9–0.99 neurons jointly stands in for perfect memory, and
+    then the KV score (over λ > 1 − eps only) stays large."""
+    rnn = copy.deepcopy(rnn).double()
+    tokens = tokens.double()
+    hidden, _ = active_neurons(rnn)
+    lam = rnn.lam()
+    imperfect = hidden & (lam >= eps) & (lam <= 1 - eps)
+    out = rnn(tokens)
+    rnn.w_m_in[imperfect] = 0  # no input: the neuron stays at 0
+    return float((rnn(tokens) - out).norm() / out.norm().clamp_min(1e-300))
+
+
 def gated_rnn_matrices(rnn: GatedLinearRNN) -> dict[str, torch.Tensor]:
     """Figure 2.A: the weights of the pruned network, hidden neurons sorted by λ."""
     small = prune(rnn)
