@@ -121,3 +121,23 @@ def test_cli_set_values_and_bad_set(tmp_path, capsys):
     spec_file.write_text(SPEC)
     assert main(["sweep", str(spec_file), "--set", "source.lr", "--out", str(tmp_path / "o")]) == 2
     assert "expected FIELD=VALUE" in capsys.readouterr().err
+
+
+def test_report_scans_a_task_field(tmp_path):
+    """A sweep over a task field gets a loss-against-field table and figure: one row per run (less
+    the field), one column per value, GD beside it; θ_GD sits on the GD row at every value."""
+    spec_file = tmp_path / "s.toml"
+    spec_file.write_text('name = "c"\nentries = ["lsa-gd-d10-c10"]\n[grid]\n"task.n_context" = [3, 12, 6]\n')
+    run_sweep(load_spec(spec_file), tmp_path / "out", progress=False)
+    rows = collect([tmp_path / "out"])
+    md, _, scan_png = write_report(rows, tmp_path / "report")
+    text = md.read_text()
+    assert text.index("n_context=3") < text.index("n_context=6") < text.index("n_context=12")  # natural order
+    table = text[text.index("test loss against `task.n_context`"):].splitlines()
+    assert table[2] == "| model | 3 | 6 | 12 |"
+    gd = [float(c) for c in table[4].strip("|").split("|")[1:]]
+    theta = [float(c.split()[0]) for c in next(l for l in table if l.startswith("| lsa-gd-d10-c10 |")).strip("|").split("|")[1:]]
+    by_c = {r["task"]: r for r in rows}
+    assert gd == pytest.approx([float(f"{by_c[f'linreg-d10-c10--n_context={c}']['gd_loss']:.4g}") for c in (3, 6, 12)])
+    assert theta == pytest.approx(gd, rel=1e-3) and gd[0] > gd[1] > gd[2]  # more context, lower loss
+    assert scan_png.name == "report-linreg-d10-c10-n_context.png" and scan_png.stat().st_size > 10_000

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 from zoo.checkpoint import CONFIG, EVAL_RESULTS
@@ -50,7 +51,7 @@ def collect(paths: list[str | Path]) -> list[dict]:
 
 def write_report(rows: list[dict], out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    tasks = sorted({r["task"] for r in rows})
+    tasks = sorted({r["task"] for r in rows}, key=_natural)
     lines = ["# icl-zoo comparison report", ""]
     for task in tasks:
         group = sorted((r for r in rows if r["task"] == task), key=lambda r: r.get("test_loss", float("inf")))
@@ -66,9 +67,93 @@ def write_report(rows: list[dict], out: Path) -> list[Path]:
         lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         lines += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in group]
         lines.append("")
+    figures = []
+    for (base, field), variants in _task_scans(rows).items():
+        lines += _scan_table(base, field, variants)
+        figures.append(_scan_figure(base, field, variants, out / f"report-{base}-{field}.png"))
     md = out / "report.md"
     md.write_text("\n".join(lines))
-    return [md, _figure(rows, tasks, out / "report.png")]
+    return [md, _figure(rows, tasks, out / "report.png"), *figures]
+
+
+def _natural(name: str) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def _task_scans(rows: list[dict]) -> dict[tuple[str, str], dict[float, list[dict]]]:
+    """Sweeps over one numeric task field: tasks named `base--field=value` (zoo's name for a task
+    overridden by a sweep grid), grouped as {(base, field): {value: rows}} when ≥ 2 values."""
+    scans: dict = {}
+    for r in rows:
+        base, _, suffix = r["task"].partition("--")
+        field, eq, value = suffix.partition("=")
+        if not eq or "--" in value:
+            continue
+        try:
+            v = float(value)
+        except ValueError:
+            continue
+        r = {**r, "line": r["model"].replace(f"--{suffix}", "")}  # the run, less this task field
+        scans.setdefault((base, field), {}).setdefault(v, []).append(r)
+    for variants in scans.values():  # one run name in two folders (e.g. two step counts): tell them apart
+        clash = {r["line"] for g in variants.values() for r in g if sum(q["line"] == r["line"] for q in g) > 1}
+        for g in variants.values():
+            for r in g:
+                if r["line"] in clash:
+                    r["line"] += f" ({r.get('steps')} steps)"
+    return {k: dict(sorted(v.items())) for k, v in scans.items() if len(v) >= 2}
+
+
+def _scan_table(base: str, field: str, variants: dict[float, list[dict]]) -> list[str]:
+    values = list(variants)
+    lines_ = sorted({r["line"] for group in variants.values() for r in group}, key=_natural)
+    head = [f"## {base}: test loss against `task.{field}` (sensitivity cosine to GD)", "",
+            "| model | " + " | ".join(_fmt(v) for v in values) + " |", "|" + "---|" * (len(values) + 1)]
+    body = []
+    for key, label in (("gd_loss", "GD"), ("lstsq_loss", "least squares")):
+        if any(key in r for g in variants.values() for r in g):
+            body.append(f"| {label} | " + " | ".join(_fmt(next((r[key] for r in g if key in r), None)) for g in variants.values()) + " |")
+    for line in lines_:
+        cells = []
+        for g in variants.values():
+            r = next((r for r in g if r["line"] == line), None)
+            cells.append("" if r is None else f"{_fmt(r.get('test_loss'))}"
+                         + (f" ({r['sensitivity_cosine']:.3f})" if "sensitivity_cosine" in r else ""))
+        body.append(f"| {line} | " + " | ".join(cells) + " |")
+    return head + body + [""]
+
+
+def _scan_figure(base: str, field: str, variants: dict[float, list[dict]], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    values = list(variants)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key, style, label in (("gd_loss", dict(color="black", ls="--"), "GD"), ("lstsq_loss", dict(color="tab:red", ls=":"), "least squares")):
+        ys = [next((r[key] for r in g if key in r), float("nan")) for g in variants.values()]
+        if any(y == y for y in ys):
+            ax.plot(values, [max(y, 1e-16) for y in ys], label=label, lw=2, **style)
+    for line in sorted({r["line"] for g in variants.values() for r in g}, key=_natural):
+        pts = [(v, r["test_loss"]) for v, g in variants.items() for r in g if r["line"] == line and "test_loss" in r]
+        ax.plot(*zip(*pts), marker="o", label=line)
+    if max(values) / max(min(values), 1e-12) >= 10:
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set_xticks(values, [_fmt(v) for v in values])
+    ax.set_yscale("log")
+    shown = [r[k] for g in variants.values() for r in g for k in ("test_loss", "gd_loss") if r.get(k, 0) > 0]
+    ax.set_ylim(bottom=0.5 * min(shown))  # least squares reaches ~1e-15 once C ≥ d: let it leave the axes
+    ax.set_xlabel(f"task.{field}")
+    ax.set_ylabel("test loss (½·MSE)")
+    ax.set_title(f"{base}: loss against {field}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _figure(rows: list[dict], tasks: list[str], path: Path) -> Path:
