@@ -124,20 +124,26 @@ def test_cli_set_values_and_bad_set(tmp_path, capsys):
 
 
 def test_report_scans_a_task_field(tmp_path):
-    """A sweep over a task field gets a loss-against-field table and figure: one row per run (less
-    the field), one column per value, GD beside it; θ_GD sits on the GD row at every value."""
-    spec_file = tmp_path / "s.toml"
-    spec_file.write_text('name = "c"\nentries = ["lsa-gd-d10-c10"]\n[grid]\n"task.n_context" = [3, 12, 6]\n')
-    run_sweep(load_spec(spec_file), tmp_path / "out", progress=False)
-    rows = collect([tmp_path / "out"])
+    """Runs over a task field (tasks `base--field=value`) get a loss-against-field table and figure:
+    one row per run less the field, one column per value in numeric order, GD beside it; a run name
+    found in two folders is told apart by its steps."""
+    def row(model, c, loss, gd, steps=100, cos=0.5):
+        return {"model": f"{model}--n_context={c}", "entry": model, "arch": "lsa", "task": f"linreg-d10-c10--n_context={c}",
+                "source": "trained", "parameters": 1, "steps": steps, "device": "cpu", "test_loss": loss,
+                "gd_loss": gd, "lstsq_loss": 1e-15, "gd_steps": 1, "sensitivity_cosine": cos}
+    gd = {2: 1.4, 10: 0.83, 100: 0.15}
+    rows = [row("lsa", c, 1.01 * g, g) for c, g in gd.items()] + [row("lstm", c, 1.5, g, 200) for c, g in gd.items()]
+    rows.append(row("lstm", 10, 0.9, gd[10], steps=5000))  # the same run, trained longer elsewhere
     md, _, scan_png = write_report(rows, tmp_path / "report")
     text = md.read_text()
-    assert text.index("n_context=3") < text.index("n_context=6") < text.index("n_context=12")  # natural order
+    heads = [line for line in text.splitlines() if line.startswith("## linreg-d10-c10--")]
+    assert heads == [f"## linreg-d10-c10--n_context={c}" for c in (2, 10, 100)]  # natural order, not 10 < 100 < 2
     table = text[text.index("test loss against `task.n_context`"):].splitlines()
-    assert table[2] == "| model | 3 | 6 | 12 |"
-    gd = [float(c) for c in table[4].strip("|").split("|")[1:]]
-    theta = [float(c.split()[0]) for c in next(l for l in table if l.startswith("| lsa-gd-d10-c10 |")).strip("|").split("|")[1:]]
-    by_c = {r["task"]: r for r in rows}
-    assert gd == pytest.approx([float(f"{by_c[f'linreg-d10-c10--n_context={c}']['gd_loss']:.4g}") for c in (3, 6, 12)])
-    assert theta == pytest.approx(gd, rel=1e-3) and gd[0] > gd[1] > gd[2]  # more context, lower loss
+    assert table[2:8] == [
+        "| model | 2 | 10 | 100 |", "|---|---|---|---|",
+        "| GD | 1.4 | 0.83 | 0.15 |", "| least squares | 1e-15 | 1e-15 | 1e-15 |",
+        "| lsa | 1.414 (0.500) | 0.8383 (0.500) | 0.1515 (0.500) |",
+        "| lstm (200 steps) | 1.5 (0.500) | 1.5 (0.500) | 1.5 (0.500) |",
+    ]
+    assert table[8] == "| lstm (5000 steps) |  | 0.9 (0.500) |  |"
     assert scan_png.name == "report-linreg-d10-c10-n_context.png" and scan_png.stat().st_size > 10_000
