@@ -121,6 +121,21 @@ def test_cli_set_values_and_bad_set(tmp_path, capsys):
     spec_file.write_text(SPEC)
     assert main(["sweep", str(spec_file), "--set", "source.lr", "--out", str(tmp_path / "o")]) == 2
     assert "expected FIELD=VALUE" in capsys.readouterr().err
+    assert main(["sweep", str(spec_file), "--only", "lsa-gd-zuchet-icl", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "--only lsa-gd-zuchet-icl: not in" in err and "gated-rnn-zucchet-icl, lsa-gd-zucchet-icl" in err
+    assert not (tmp_path / "o").exists()  # refused before anything ran
+
+
+def test_cli_only_and_seeds_narrow_a_spec(tmp_path, capsys):
+    from zoo.cli import main
+
+    spec_file = tmp_path / "s.toml"
+    spec_file.write_text(SPEC)
+    assert main(["sweep", str(spec_file), "--only", "gated-rnn-zucchet-icl", "--seeds", "7", "--quiet",
+                 "--out", str(tmp_path / "o")]) == 0
+    assert sorted(p.name for p in (tmp_path / "o").iterdir() if p.is_dir()) == ["gated-rnn-zucchet-icl--seed7"]
+    assert [r["run"] for r in json.loads((tmp_path / "o" / "results.json").read_text())] == ["gated-rnn-zucchet-icl--seed7"]
 
 
 def test_report_scans_a_task_field(tmp_path):

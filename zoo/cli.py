@@ -243,6 +243,13 @@ def cmd_sweep(args) -> int:
     update = {"steps": args.steps} if args.steps else {}
     if args.ensemble:
         update["ensemble"] = True
+    if args.only:
+        unknown = [e for e in args.only if e not in spec.entries]
+        if unknown:
+            raise ValueError(f"--only {' '.join(unknown)}: not in {args.spec}, whose entries are {', '.join(spec.entries)}")
+        update["entries"] = [e for e in spec.entries if e in args.only]
+    if args.seeds:
+        update["seeds"] = args.seeds
     if args.set:
         grid = dict(spec.grid)
         for item in args.set:
@@ -375,6 +382,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override an entry field in every run, e.g. --set source.lr=3e-3 (repeatable)")
     s.add_argument("--ensemble", action="store_true", help="train each entry's seeds as one batched ensemble")
+    s.add_argument("--only", nargs="+", metavar="ENTRY", help="run only these of the spec's entries")
+    s.add_argument("--seeds", nargs="+", type=int, help="replace the spec's seeds")
     s.add_argument("--quiet", action="store_true")
     s.set_defaults(fn=cmd_sweep)
 
