@@ -24,7 +24,8 @@ launch)
   start ts-adamw   "zoo sweep sweeps/teacher-student-d4.toml --out $RUNS/ts-adamw --quiet"
   start ts-adam-l2 "zoo sweep sweeps/teacher-student-d4.toml --set source.optimizer=adam_l2 --out $RUNS/ts-adam-l2 --quiet"
   start table-2    "zoo sweep sweeps/table-2.toml --set source.optimizer=adam_l2 --out $RUNS/table-2-adam-l2 --quiet;
-                    zoo sweep sweeps/gd-ssm-feature-dim-decay.toml --steps 30000 $GDSSM_LR --out $RUNS/feature-dim-decay --quiet;
+                    zoo sweep sweeps/gd-ssm-feature-dim-decay.toml --steps 100000 $GDSSM_LR --out $RUNS/feature-dim-decay --quiet;
+                    zoo sweep sweeps/gd-ssm-feature-dim-key.toml --steps 100000 $GDSSM_LR --out $RUNS/feature-dim-key --quiet;
                     zoo sweep sweeps/gd-ssm-sine.toml --steps 30000 $GDSSM_LR --out $RUNS/sine --quiet"
   start figure-5   "zoo sweep sweeps/figure-5.toml --ensemble --steps 30000 --out $RUNS/figure-5 --quiet"
   start gd-ssm     "zoo sweep sweeps/gd-ssm.toml --steps 20000 $GDSSM_LR --out $RUNS/gd-ssm --quiet;
