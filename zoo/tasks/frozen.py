@@ -142,13 +142,13 @@ def load_split(task_name: str, split: str, *, rebuild: bool = False) -> FrozenSp
         verify(x, y, s.sha256, name)  # refuse before writing anything that does not match the registry
         save_split(x, y, folder)
     x, y = read_parquet_arrays(path)
-    if s.sha256 is not None and content_hash(x, y) != s.sha256:
-        _replace_mismatched_cache(path, spec, s, name)
+    if s.sha256 is not None and (cached := content_hash(x, y)) != s.sha256:
+        _replace_mismatched_cache(path, cached, spec, s, name)
         x, y = read_parquet_arrays(path)
     return FrozenSplit(name=name, x=x, y=y, sha256=verify(x, y, s.sha256, name))
 
 
-def _replace_mismatched_cache(path: Path, spec, s, name: str) -> None:
+def _replace_mismatched_cache(path: Path, old_hash: str, spec, s, name: str) -> None:
     """A cached split whose hash is not the registry's (edited, or written by an older zoo) is
     only a cache: regenerate it from its seed and, if that matches, keep the old file beside it
     under a `.mismatch-<hash>` name. If the regenerated split does not match either, this
@@ -157,7 +157,6 @@ def _replace_mismatched_cache(path: Path, spec, s, name: str) -> None:
 
     x, y = generate_split(spec.build(), s.seed, s.n, s.w_std)
     verify(x, y, s.sha256, name)
-    old_hash = content_hash(*read_parquet_arrays(path))
     aside = path.with_name(f"{path.name}.mismatch-{old_hash[:12]}")
     os.replace(path, aside)
     save_split(x, y, path.parent)
