@@ -138,25 +138,32 @@ def load_split(task_name: str, split: str, *, rebuild: bool = False) -> FrozenSp
     path = folder / "data.parquet"
     name = f"{task_name}/{split}"
     if rebuild or not path.exists():
-        x, y = generate_split(spec.build(), s.seed, s.n, s.w_std)
-        verify(x, y, s.sha256, name)  # refuse before writing anything that does not match the registry
-        save_split(x, y, folder)
+        save_split(*_generate_verified(spec, s, name), folder)
     x, y = read_parquet_arrays(path)
-    if s.sha256 is not None and (cached := content_hash(x, y)) != s.sha256:
-        _replace_mismatched_cache(path, cached, spec, s, name)
+    got = content_hash(x, y)
+    if s.sha256 is not None and got != s.sha256:
+        _replace_mismatched_cache(path, got, spec, s, name)
         x, y = read_parquet_arrays(path)
-    return FrozenSplit(name=name, x=x, y=y, sha256=verify(x, y, s.sha256, name))
+        got = verify(x, y, s.sha256, name)
+    return FrozenSplit(name=name, x=x, y=y, sha256=got)
+
+
+def _generate_verified(spec, s, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """The split generated from its seed; refused before anything is written if it does not hash
+    to the registry's value (this machine generates it differently)."""
+    x, y = generate_split(spec.build(), s.seed, s.n, s.w_std)
+    verify(x, y, s.sha256, name)
+    return x, y
 
 
 def _replace_mismatched_cache(path: Path, old_hash: str, spec, s, name: str) -> None:
     """A cached split whose hash is not the registry's (edited, or written by an older zoo) is
-    only a cache: regenerate it from its seed and, if that matches, keep the old file beside it
-    under a `.mismatch-<hash>` name. If the regenerated split does not match either, this
-    machine generates it differently and `verify` refuses, touching nothing."""
+    only a cache: regenerate it from its seed and keep the old file beside it under a
+    `.mismatch-<hash>` name. If this machine cannot regenerate the registered hash, refuse,
+    touching nothing."""
     import warnings
 
-    x, y = generate_split(spec.build(), s.seed, s.n, s.w_std)
-    verify(x, y, s.sha256, name)
+    x, y = _generate_verified(spec, s, name)
     aside = path.with_name(f"{path.name}.mismatch-{old_hash[:12]}")
     os.replace(path, aside)
     save_split(x, y, path.parent)
