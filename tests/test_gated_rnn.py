@@ -119,6 +119,18 @@ def test_polynomial_fit_is_exact_on_a_known_polynomial():
     torch.testing.assert_close(coef, expected, rtol=0, atol=1e-10)
 
 
+def padded(rnn: GatedLinearRNN, hidden: int, gates: int) -> GatedLinearRNN:
+    """`rnn` in the first neurons and gates of a larger float64 RNN whose other weights are all 0."""
+    n, m = rnn.hidden, rnn.readout_matrix.shape[1]
+    big = GatedLinearRNN(rnn.d_in, rnn.d_out, rnn.readout, hidden=hidden, gates=gates).double()
+    with torch.no_grad():
+        for p in big.parameters():
+            p.zero_()
+        big.w_m_in[:n], big.w_x_in[:n], big.nu[:n] = rnn.w_m_in, rnn.w_x_in, rnn.nu
+        big.w_m_out[:m, :n], big.w_x_out[:m, :n], big.readout_matrix[:, :m] = rnn.w_m_out, rnn.w_x_out, rnn.readout_matrix
+    return big
+
+
 def test_kv_q_scores_and_pruning():
     task = LSATeacherTask(d=4, teacher_seed=4, x_std=0.4)
     lsa = task.teacher()
@@ -127,12 +139,8 @@ def test_kv_q_scores_and_pruning():
     assert scores["kv_score"] < 1e-10 and scores["q_score"] < 1e-10
     assert (scores["memory_neurons"], scores["forget_neurons"]) == (16, 4)
     # pad the construction with dead neurons: pruning removes exactly them and keeps the function
-    big = GatedLinearRNN(4, 4, task.readout, hidden=30, gates=25).double()
+    big = padded(rnn, hidden=30, gates=25)
     with torch.no_grad():
-        for p in big.parameters():
-            p.zero_()
-        big.w_m_in[:20], big.w_x_in[:20], big.nu[:20] = rnn.w_m_in, rnn.w_x_in, rnn.nu
-        big.w_m_out[:16, :20], big.w_x_out[:16, :20], big.readout_matrix[:, :16] = rnn.w_m_out, rnn.w_x_out, rnn.readout_matrix
         big.w_m_in[25:] = 1.0  # fed but never read: prunable too
     hidden, gates = active_neurons(big)
     assert int(hidden.sum()) == 20 and int(gates.sum()) == 16
@@ -149,12 +157,8 @@ def test_imperfect_memory_effect():
     rnn = rnn_from_lsa(*lsa_weights(task.teacher()), task.readout)
     x = torch.randn(8, 32, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     assert imperfect_memory_effect(rnn, x) == 0.0
-    leaky = GatedLinearRNN(4, 4, task.readout, hidden=21, gates=17).double()
+    leaky = padded(rnn, hidden=21, gates=17)
     with torch.no_grad():
-        for p in leaky.parameters():
-            p.zero_()
-        leaky.w_m_in[:20], leaky.w_x_in[:20], leaky.nu[:20] = rnn.w_m_in, rnn.w_x_in, rnn.nu
-        leaky.w_m_out[:16, :20], leaky.w_x_out[:16, :20], leaky.readout_matrix[:, :16] = rnn.w_m_out, rnn.w_x_out, rnn.readout_matrix
         leaky.w_m_in[20, 0], leaky.w_x_in[20, 4] = 1.0, 1.0  # h ← 0.9 h + x_1
         leaky.nu[20] = torch.log(-torch.log(torch.tensor(0.9, dtype=torch.float64)))
         leaky.w_m_out[16, 20], leaky.w_x_out[16, 20], leaky.readout_matrix[0, 16] = 1.0, 1.0, 0.3  # reads h²
