@@ -104,16 +104,25 @@ def _task_scans(rows: list[dict]) -> dict[tuple[str, str], dict[float, list[dict
     return {k: dict(sorted(v.items())) for k, v in scans.items() if len(v) >= 2}
 
 
+def _scan_lines(variants: dict[float, list[dict]]) -> list[str]:
+    return sorted({r["line"] for g in variants.values() for r in g}, key=_natural)
+
+
+def _scan_reference(variants: dict[float, list[dict]], key: str) -> list[float | None]:
+    """GD's / least squares' loss at each value (the same for every run of a task)."""
+    return [next((r[key] for r in g if key in r), None) for g in variants.values()]
+
+
 def _scan_table(base: str, field: str, variants: dict[float, list[dict]]) -> list[str]:
     values = list(variants)
-    lines_ = sorted({r["line"] for group in variants.values() for r in group}, key=_natural)
     head = [f"## {base}: test loss against `task.{field}` (sensitivity cosine to GD)", "",
             "| model | " + " | ".join(_fmt(v) for v in values) + " |", "|" + "---|" * (len(values) + 1)]
     body = []
     for key, label in (("gd_loss", "GD"), ("lstsq_loss", "least squares")):
-        if any(key in r for g in variants.values() for r in g):
-            body.append(f"| {label} | " + " | ".join(_fmt(next((r[key] for r in g if key in r), None)) for g in variants.values()) + " |")
-    for line in lines_:
+        reference = _scan_reference(variants, key)
+        if any(v is not None for v in reference):
+            body.append(f"| {label} | " + " | ".join(map(_fmt, reference)) + " |")
+    for line in _scan_lines(variants):
         cells = []
         for g in variants.values():
             r = next((r for r in g if r["line"] == line), None)
@@ -133,10 +142,10 @@ def _scan_figure(base: str, field: str, variants: dict[float, list[dict]], path:
     values = list(variants)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for key, style, label in (("gd_loss", dict(color="black", ls="--"), "GD"), ("lstsq_loss", dict(color="tab:red", ls=":"), "least squares")):
-        ys = [next((r[key] for r in g if key in r), float("nan")) for g in variants.values()]
-        if any(y == y for y in ys):
-            ax.plot(values, [max(y, 1e-16) for y in ys], label=label, lw=2, **style)
-    for line in sorted({r["line"] for g in variants.values() for r in g}, key=_natural):
+        reference = _scan_reference(variants, key)
+        if any(v is not None for v in reference):
+            ax.plot(values, [float("nan") if v is None else max(v, 1e-16) for v in reference], label=label, lw=2, **style)
+    for line in _scan_lines(variants):
         pts = [(v, r["test_loss"]) for v, g in variants.items() for r in g if r["line"] == line and "test_loss" in r]
         ax.plot(*zip(*pts), marker="o", label=line)
     if max(values) / max(min(values), 1e-12) >= 10:
