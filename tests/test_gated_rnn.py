@@ -6,7 +6,7 @@ import torch
 from zoo.analysis.polynomial import (
     coefficients, monomials, polynomial_distance, prediction_map, regression_coefficient_table,
 )
-from zoo.analysis.rnn import active_neurons, imperfect_memory_effect, kv_q_scores, prune
+from zoo.analysis.rnn import active_neurons, imperfect_memory_effect, kv_q_scores, memory_leak, prune
 from zoo.constructions import construct_gd_lsa
 from zoo.constructions.rnn_from_lsa import lsa_weights, rnn_from_lsa
 from zoo.models.gated_rnn import GatedLinearRNN
@@ -171,3 +171,38 @@ def test_imperfect_memory_effect():
     expected = float(extra.norm() / out.norm())
     assert expected > 1e-2
     assert imperfect_memory_effect(leaky, x) == pytest.approx(expected, rel=1e-12)
+
+
+def test_memory_leak():
+    """0 on the construction (λ = 1 exactly); the median over memory neurons only, so dead
+    neurons and forget neurons (λ = 0) do not count; None when no neuron remembers."""
+    task = LSATeacherTask(d=4, teacher_seed=4, x_std=0.4)
+    rnn = rnn_from_lsa(*lsa_weights(task.teacher()), task.readout)
+    assert memory_leak(rnn) == 0.0
+    leaky = padded(rnn, hidden=24, gates=16)  # 4 dead neurons at λ = exp(−1) stay out of the median
+    lam = leaky.lam()
+    memory = (lam > 0.5).nonzero().squeeze(1)[:16]
+    gaps = torch.linspace(1e-3, 3e-2, 16, dtype=torch.float64)  # median of 16: mean of the 8th and 9th
+    with torch.no_grad():
+        leaky.nu[memory] = torch.log(-torch.log1p(-gaps))
+    assert memory_leak(leaky) == pytest.approx(float(gaps[7:9].mean()), rel=1e-9)
+    with torch.no_grad():
+        leaky.nu.fill_(10.0)  # every λ ≈ 0
+    assert memory_leak(leaky) is None
+
+
+@pytest.mark.parametrize("recurrence", ["diagonal", "dense"])
+def test_recurrent_lr_and_no_decay_reach_only_nu(recurrence):
+    from zoo.registry import TrainRecipe
+    from zoo.train import make_optimizer
+
+    model = GatedLinearRNN(4, 4, Readout(None, 0, 4, 1.0), hidden=6, recurrence=recurrence)
+    opt = make_optimizer(model, TrainRecipe(kind="trained", lr=1e-3, recurrent_lr=1e-2, weight_decay=1e-4,
+                                            steps=1, batch_size=1))
+    groups = {(g["lr"], g["weight_decay"]): g["params"] for g in opt.param_groups}
+    if recurrence == "diagonal":
+        assert set(groups) == {(1e-2, 0.0), (1e-3, 1e-4)}
+        assert groups[(1e-2, 0.0)] == [model.nu]
+    else:  # the dense A is an ordinary weight: decayed, at the main lr
+        assert set(groups) == {(1e-3, 1e-4)}
+        assert any(p is model.w_rec for p in groups[(1e-3, 1e-4)])

@@ -19,6 +19,7 @@ METRIC_NAMES = {
     "kv_score": "KV score (1 − R²)",
     "q_score": "Q score (1 − R²)",
     "imperfect_memory_effect": "output share of 0 < λ < 1 neurons",
+    "memory_leak": "1 − λ of memory neurons (median)",
 }
 
 

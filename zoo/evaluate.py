@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from zoo.analysis.polynomial import coefficients, polynomial_distance, prediction_map, regression_coefficient_table
-from zoo.analysis.rnn import imperfect_memory_effect, kv_q_scores
+from zoo.analysis.rnn import imperfect_memory_effect, kv_q_scores, memory_leak
 from zoo.models.gated_rnn import GatedLinearRNN
 from zoo.models.lsa import LinearSelfAttention
 from zoo.tasks.teacher import LSATeacherTask
@@ -48,7 +48,15 @@ def evaluate(model, task, batch, *, eta: float | None = None, gd_steps: int = 1,
     if has_polynomial_map(model) and task.layout == "pairs":
         # Table 2: the instantaneous polynomial of the first output unit vs one GD step
         metrics["polynomial"] = regression_coefficient_table(model, task.d_x, task.d_y)
+    metrics.update(memory_metrics(model))
     return metrics
+
+
+def memory_metrics(model) -> dict:
+    if not (isinstance(model, GatedLinearRNN) and model.recurrence == "diagonal"):
+        return {}
+    leak = memory_leak(model)
+    return {} if leak is None else {"memory_leak": leak}
 
 
 def gd_reference(entry, task, construction: dict | None = None, validation_batch=None,
@@ -89,6 +97,7 @@ def evaluate_teacher_student(model, task: LSATeacherTask, batch) -> dict:
     if isinstance(model, GatedLinearRNN) and model.recurrence == "diagonal":
         metrics.update(kv_q_scores(model, task.teacher_weights()))
         metrics["imperfect_memory_effect"] = imperfect_memory_effect(model, batch.tokens[:512])
+        metrics.update(memory_metrics(model))
     return metrics
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 from zoo.checkpoint import CONFIG, EVAL_RESULTS
 
 COLUMNS = ("test_loss", "gd_loss", "lstsq_loss", "pred_l2_to_gd", "sensitivity_cosine", "gd_steps", "polynomial_distance",
-           "kv_score", "q_score", "imperfect_memory_effect")
+           "kv_score", "q_score", "imperfect_memory_effect", "memory_leak")
 REGRESSION_COLUMNS = ["gd_loss", "gd_steps", "pred_l2_to_gd", "sensitivity_cosine"]
-TEACHER_COLUMNS = ["polynomial_distance", "kv_score", "q_score", "imperfect_memory_effect"]  # students of an LSA teacher: no GD reference
+TEACHER_COLUMNS = ["polynomial_distance", "kv_score", "q_score", "imperfect_memory_effect", "memory_leak"]  # students of an LSA teacher: no GD reference
 
 
 def checkpoint_folders(paths: list[str | Path]) -> list[Path]:
@@ -64,6 +64,8 @@ def write_report(rows: list[dict], out: Path) -> list[Path]:
                       "scores (1 − R², Zucchet et al. Table 1)", ""]
         cols = ["model", "arch", "source", "parameters", "steps", "device", "test_loss",
                 *(REGRESSION_COLUMNS if regression else TEACHER_COLUMNS)]
+        if regression and any("memory_leak" in r for r in group):
+            cols.append("memory_leak")  # gated RNNs: why Table 2's coefficients exceed η*
         lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         lines += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in group]
         lines.append("")

@@ -56,8 +56,14 @@ class GatedLinearRNN(ZooModel):
     def lam(self) -> torch.Tensor:
         return torch.exp(-torch.exp(self.nu))  # (n,) in [0, 1]
 
+    def recurrent_parameter_names(self) -> set[str]:
+        """ν: trained without weight decay (paper, B.1) and, with a recipe's `recurrent_lr`, at
+        that peak lr. Memory neurons approach λ = 1 only as fast as ν moves (1 − λ ≈ e^ν), and the
+        loss is nearly flat there, so the step count decides how close to 1 they get."""
+        return {"nu"} if self.recurrence == "diagonal" else set()
+
     def no_weight_decay(self) -> set[str]:
-        return {"nu"}  # the paper applies no weight decay to the recurrent parameters
+        return self.recurrent_parameter_names()
 
     def input_gate(self, x: torch.Tensor) -> torch.Tensor:
         x1 = torch.cat([x, torch.ones_like(x[..., :1])], dim=-1)  # (..., d+1)
