@@ -23,7 +23,7 @@ launch)
   start() { name=$1; shift; setsid nohup bash -c "$(declare -f zoo); $*" >$RUNS/$name.log 2>&1 < /dev/null & }
   start ts-adamw   "zoo sweep sweeps/teacher-student-d4.toml --out $RUNS/ts-adamw --quiet"
   start ts-adam-l2 "zoo sweep sweeps/teacher-student-d4.toml --set source.optimizer=adam_l2 --out $RUNS/ts-adam-l2 --quiet"
-  start table-2    "zoo sweep sweeps/table-2.toml --set source.optimizer=adam_l2 --out $RUNS/table-2-adam-l2 --quiet;
+  start table-2    "zoo sweep sweeps/table-2.toml --out $RUNS/table-2 --quiet;
                     zoo sweep sweeps/gd-ssm-feature-dim-decay.toml --steps 100000 $GDSSM_LR --out $RUNS/feature-dim-decay --quiet;
                     zoo sweep sweeps/gd-ssm-feature-dim-key.toml --steps 100000 $GDSSM_LR --out $RUNS/feature-dim-key --quiet;
                     zoo sweep sweeps/gd-ssm-sine.toml --steps 30000 $GDSSM_LR --out $RUNS/sine --quiet"
