@@ -115,14 +115,16 @@ def build_ensemble(
         raise ValueError(f"entry '{entry.name}' is constructed; only trained entries form ensembles")
     dev = torch.device(device) if device else default_device()
 
+    constructions = []  # what `source.init` did: the same for every member
+
     def make_member():
         model = create_model(entry.arch, task)
-        _initialise(entry, model, task, validation)
+        constructions.append(_initialise(entry, model, task, validation))
         return model
 
-    construction = _initialise(entry, create_model(entry.arch, task), task, validation)
     result = train_ensemble(make_member, task, entry.source, seeds, run_dir=Path(run_dir),
                             validation_batch=validation.batch(task), steps=steps, device=dev, progress=progress)
+    construction = constructions[0] if constructions else None
     ckpts = []
     for i, (seed, model, out) in enumerate(zip(seeds, result.models, outs)):
         history = [{"step": r["step"], "train_loss": r["train_loss"][i], "lr": r["lr"],

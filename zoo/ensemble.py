@@ -175,7 +175,7 @@ def train_ensemble(make_model, task, recipe, seeds: list[int], *, run_dir: Path,
         raise KeyboardInterrupt(f"interrupted at step {step}; the ensemble state of step {last_saved_step(run_dir)} is in "
                                 f"{run_dir}: run the same command again to resume") from None
     bar.close()
-    return EnsembleResult(models=unstack(make_model, stacked, E), steps=max(start, stop), history=history)
+    return EnsembleResult(models=unstack(members[0], stacked, E), steps=max(start, stop), history=history)
 
 
 class _GraphedStep:
@@ -257,10 +257,11 @@ def _clip_per_member(stacked: StackedParameters, max_norm: float) -> None:
 
 
 @torch.no_grad()
-def unstack(make_model, stacked: StackedParameters, E: int) -> list[nn.Module]:
+def unstack(template: nn.Module, stacked: StackedParameters, E: int) -> list[nn.Module]:
+    """E independent models shaped like `template`, holding the ensemble's trained weights."""
     models = []
     for e in range(E):
-        model = make_model().to(next(stacked.parameters()).device)
+        model = copy.deepcopy(template).to(next(stacked.parameters()).device)
         weights = stacked.by_name()
         for name, p in model.named_parameters():
             p.copy_(weights[name][e])
