@@ -61,6 +61,13 @@ def test_local_sweep_runs_resumes_and_reports(tmp_path):
     md, png = write_report(report_rows, tmp_path / "report")
     text = md.read_text()
     assert "## zucchet-icl" in text and "lsa-gd-zucchet-icl" in text and png.stat().st_size > 10_000
+    # Table 2 for the gated RNNs (the constructed LSA has a polynomial too): the saved coefficients, GD's η*
+    poly = text[text.index("### zucchet-icl: instantaneous polynomial"):].splitlines()
+    assert poly[2] == "| model | steps | x1^2 y1 | x2^2 y1 | x3^2 y1 | residual norm | memory_leak |"
+    seed1 = ckpt.metrics["polynomial"]
+    assert poly[5] == ("| gated-rnn-zucchet-icl--seed1 | 3 | " + " | ".join(
+        f"{seed1[t]:.4g}" for t in ("x1^2 y1", "x2^2 y1", "x3^2 y1", "residual norm")) + f" | {ckpt.metrics['memory_leak']:.4g} |")
+    assert poly[7] == "| one GD step (η*) | | 0.06757 | 0.06757 | 0.06757 | 0 | |"
 
 
 def test_ray_sweep_matches_local(tmp_path):

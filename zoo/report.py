@@ -44,7 +44,7 @@ def collect(paths: list[str | Path]) -> list[dict]:
             "model": folder.name, "entry": config["entry"]["name"], "arch": config["entry"]["arch"]["type"],
             "task": config["entry"]["task"], "source": config["entry"]["source"]["kind"], "parameters": parameters,
             "steps": prov.get("steps"), "device": prov.get("device"),
-            **{k: metrics[k] for k in COLUMNS if k in metrics},
+            **{k: metrics[k] for k in (*COLUMNS, "polynomial", "gd_eta") if k in metrics},
         })
     return rows
 
@@ -69,6 +69,7 @@ def write_report(rows: list[dict], out: Path) -> list[Path]:
         lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         lines += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in group]
         lines.append("")
+        lines += _polynomial_table(task, group)
     figures = []
     for (base, field), variants in _task_scans(rows).items():
         lines += _scan_table(base, field, variants)
@@ -76,6 +77,26 @@ def write_report(rows: list[dict], out: Path) -> list[Path]:
     md = out / "report.md"
     md.write_text("\n".join(lines))
     return [md, _figure(rows, tasks, out / "report.png"), *figures]
+
+
+def _polynomial_table(task: str, group: list[dict]) -> list[str]:
+    """Zucchet Table 2 for the rows that have it: x_i² y_1 of the instantaneous polynomial and the
+    norm of every other coefficient, beside one GD step (η* on each x_i² y_1, nothing else)."""
+    rows = [r for r in group if "polynomial" in r]
+    if not rows:
+        return []
+    terms = [t for t in rows[0]["polynomial"] if t != "residual norm"]
+    cols = ["model", "steps", *terms, "residual norm", "memory_leak"]
+    lines = [f"### {task}: instantaneous polynomial, first output unit (Zucchet et al. Table 2)", "",
+             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in sorted(rows, key=lambda r: _natural(r["model"])):
+        cells = [r["model"], r.get("steps"), *(r["polynomial"].get(t) for t in [*terms, "residual norm"]),
+                 r.get("memory_leak")]
+        lines.append("| " + " | ".join(map(_fmt, cells)) + " |")
+    eta = next((r["gd_eta"] for r in rows if "gd_eta" in r), None)
+    if eta is not None:
+        lines.append("| one GD step (η*) | | " + " | ".join(_fmt(eta) for _ in terms) + " | 0 | |")
+    return [*lines, ""]
 
 
 def _natural(name: str) -> list:
