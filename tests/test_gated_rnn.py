@@ -150,6 +150,19 @@ def test_kv_q_scores_and_pruning():
     assert kv_q_scores(big, task.teacher_weights())["prunable_neurons"] == 10
 
 
+@pytest.mark.parametrize("n,blind", [(10, False), (13, False), (14, True), (18, True)])
+def test_kv_score_is_blind_with_as_many_memory_neurons_as_quadratics(n, blind):
+    """Random, untrained memory neurons: fewer than (d+1)(d+2)/2 − 1 = 14 cannot encode the
+    teacher's key-values (score well above 0); 14 or more score 0 whatever they are (docstring)."""
+    task = LSATeacherTask(d=4, teacher_seed=4, x_std=0.4)
+    torch.manual_seed(0)
+    rnn = GatedLinearRNN(4, 4, task.readout, hidden=n)
+    with torch.no_grad():
+        rnn.nu.fill_(-30.0)  # λ = 1 to float64 precision
+    score = kv_q_scores(rnn, task.teacher_weights())["kv_score"]
+    assert (score < 1e-12) if blind else (score > 1e-2)
+
+
 def test_imperfect_memory_effect():
     """0 for the construction (every λ is exactly 0 or 1); for a neuron with λ = 0.9 that feeds
     the output it is exactly the relative change of silencing that neuron."""

@@ -58,9 +58,9 @@ def kv_q_scores(rnn: GatedLinearRNN, lsa_weights: dict[str, torch.Tensor], *, n:
     """Table 1's scores: 1 − R² of predicting key-values v kᵀ from the inputs of the active
     λ≈1 neurons, and queries W_Q x from the active λ≈0 neurons.
 
-    Each neuron's input is a quadratic in x, and quadratics in d variables span only
-    (d + 1)(d + 2)/2 dimensions (15 for d = 4): with that many generic active neurons in a group
-    its score is 0 whatever they encode. The scores identify the teacher only for a student whose
+    Each neuron's input is a quadratic in x, and quadratics in d variables without their constant
+    (the regression has an intercept) span only (d + 1)(d + 2)/2 − 1 dimensions (14 for d = 4):
+    with that many generic active neurons in a group its score is 0 whatever they encode. The scores identify the teacher only for a student whose
     groups are smaller (the paper's pruned ones); `imperfect_memory_effect` and the polynomial
     distance do not have this blind spot."""
     rnn = copy.deepcopy(rnn).double()
