@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Queued for the next session that has a GPU (the 2026-11-23 second session had none, so none of
-# this has run yet). Each line is a paper-length run an open issue still needs (#3 teacher-student
-# KV score at 1M steps and Table 2 with Adam + L2; #6 Figure 5 and the context-size rows; #7 the
-# GD-SSM baselines, feature dimension and sine waves). From the repo root, stage by stage:
+# Queued for the next session that has a GPU (the 2026-11-23 second and third sessions had none, so
+# none of this has run yet). Each line is a paper-length run an open issue still needs (#3 teacher-
+# student at 1M steps, the paper's ν lr against 10× it, and Table 2 with four seeds; #6 Figure 5 and
+# the context-size rows; #7 the GD-SSM baselines, feature dimension and sine waves). From the repo
+# root, stage by stage:
 #   launch    five sweep processes in the background (setsid), logs in /tmp/gpu-runs
 #   status    each ensemble's step (from its resumable state), the logs' tails, GPU use
 #   collect   the finished checkpoints (no training states) as $OUT/runs.tar.gz
@@ -21,8 +22,8 @@ GDSSM_LR="--set source.lr=3e-3 --set source.recurrent_lr=1.5e-3 --set source.war
 case $stage in
 launch)
   start() { name=$1; shift; setsid nohup bash -c "$(declare -f zoo); $*" >$RUNS/$name.log 2>&1 < /dev/null & }
-  start ts-adamw   "zoo sweep sweeps/teacher-student-d4.toml --out $RUNS/ts-adamw --quiet"
-  start ts-adam-l2 "zoo sweep sweeps/teacher-student-d4.toml --set source.optimizer=adam_l2 --out $RUNS/ts-adam-l2 --quiet"
+  start ts-nu-lr-1e-3 "zoo sweep sweeps/teacher-student-d4.toml --set source.recurrent_lr=null --out $RUNS/ts-nu-lr-1e-3 --quiet"
+  start ts           "zoo sweep sweeps/teacher-student-d4.toml --out $RUNS/ts --quiet"
   start table-2    "zoo sweep sweeps/table-2.toml --out $RUNS/table-2 --quiet;
                     zoo sweep sweeps/gd-ssm-feature-dim-decay.toml --steps 100000 $GDSSM_LR --out $RUNS/feature-dim-decay --quiet;
                     zoo sweep sweeps/gd-ssm-feature-dim-key.toml --steps 100000 $GDSSM_LR --out $RUNS/feature-dim-key --quiet;
