@@ -259,10 +259,10 @@ def _clip_per_member(stacked: StackedParameters, max_norm: float) -> None:
 @torch.no_grad()
 def unstack(template: nn.Module, stacked: StackedParameters, E: int) -> list[nn.Module]:
     """E independent models shaped like `template`, holding the ensemble's trained weights."""
+    weights, device = stacked.by_name(), next(stacked.parameters()).device
     models = []
     for e in range(E):
-        model = copy.deepcopy(template).to(next(stacked.parameters()).device)
-        weights = stacked.by_name()
+        model = copy.deepcopy(template).to(device)
         for name, p in model.named_parameters():
             p.copy_(weights[name][e])
         models.append(model)

@@ -53,6 +53,7 @@ def evaluate(model, task, batch, *, eta: float | None = None, gd_steps: int = 1,
 
 
 def memory_metrics(model) -> dict:
+    """`memory_leak` for diagonal gated RNNs that have memory neurons; nothing for other models."""
     if not (isinstance(model, GatedLinearRNN) and model.recurrence == "diagonal"):
         return {}
     leak = memory_leak(model)
@@ -97,7 +98,7 @@ def evaluate_teacher_student(model, task: LSATeacherTask, batch) -> dict:
     if isinstance(model, GatedLinearRNN) and model.recurrence == "diagonal":
         metrics.update(kv_q_scores(model, task.teacher_weights()))
         metrics["imperfect_memory_effect"] = imperfect_memory_effect(model, batch.tokens[:512])
-        metrics.update(memory_metrics(model))
+    metrics.update(memory_metrics(model))
     return metrics
 
 

@@ -60,9 +60,9 @@ def kv_q_scores(rnn: GatedLinearRNN, lsa_weights: dict[str, torch.Tensor], *, n:
 
     Each neuron's input is a quadratic in x, and quadratics in d variables without their constant
     (the regression has an intercept) span only (d + 1)(d + 2)/2 − 1 dimensions (14 for d = 4):
-    with that many generic active neurons in a group its score is 0 whatever they encode. The scores identify the teacher only for a student whose
-    groups are smaller (the paper's pruned ones); `imperfect_memory_effect` and the polynomial
-    distance do not have this blind spot."""
+    with that many generic active neurons in a group its score is 0 whatever they encode. The
+    scores identify the teacher only for a student whose groups are smaller (the paper's pruned
+    ones); `imperfect_memory_effect` and the polynomial distance do not have this blind spot."""
     rnn = copy.deepcopy(rnn).double()
     hidden, _ = active_neurons(rnn)
     lam = rnn.lam()
