@@ -145,6 +145,33 @@ def test_training_a_toy_gd_ssm_approaches_gd(tmp_path):
     assert final < 1.03 * gd, (final, gd)
 
 
+def test_plateau_escape_init_options():
+    """`arch.beta_init` sets β of every layer and `arch.zero_output` starts D at 0 (the output is 0,
+    the other weights as the seed draws them): the feature-dimension sweep uses both, because from
+    β = 0.1 and a random D the degree-6 output stays on the zero-predictor plateau at f = 20."""
+    import pydantic
+
+    from zoo.models import create_model
+    from zoo.registry import with_overrides
+
+    entry = with_overrides(zoo.get_entry("gd-ssm-nd-2layer"), {"arch.beta_init": 1.0})
+    task = get_task_spec(entry.task).build()
+    model = create_model(entry.arch, task)
+    assert [layer.beta.item() for layer in model.layers] == [1.0, 1.0]
+    torch.manual_seed(0)
+    plain = create_model(entry.arch, task)
+    torch.manual_seed(0)
+    zeroed = create_model(with_overrides(entry, {"arch.zero_output": True}).arch, task)
+    assert torch.count_nonzero(zeroed.d) == 0 and torch.count_nonzero(plain.d) == plain.d.numel()
+    assert torch.equal(zeroed.layers[1].a, plain.layers[1].a)  # the same seed draws the same other weights
+    batch = task.sample(8, seed=0)
+    assert torch.count_nonzero(zeroed(batch.tokens)) == 0
+    default = create_model(zoo.get_entry("gd-ssm-nd-2layer").arch, task)
+    assert [layer.beta.item() for layer in default.layers] == pytest.approx([0.1, 0.1])
+    with pytest.raises((ValueError, pydantic.ValidationError), match="beta_init"):
+        with_overrides(entry, {"arch.beta_init": 0.0})
+
+
 def test_recurrent_lr_gets_its_own_param_group():
     from zoo.registry import TrainRecipe
     from zoo.train import make_optimizer

@@ -34,7 +34,8 @@ def create_model(arch, task) -> ZooModel:
         return GDSSM(
             d_in=task.token_dim, d_out=task.d_out, readout=task.readout, n_layers=arch.n_layers, window=arch.window,
             value_dim=value_dim, key_dim=key_dim, ridge=arch.ridge, init_std=arch.init_std,
-            lambda_range=arch.lambda_range, embed=arch.embed, mlp=arch.mlp,
+            lambda_range=arch.lambda_range, beta_init=arch.beta_init,
+            zero_output=arch.zero_output, embed=arch.embed, mlp=arch.mlp,
         )
     if arch.type == "softmax_transformer":
         return SoftmaxTransformer(

@@ -55,12 +55,12 @@ def _nu_from_lambda(shape, lambda_range: tuple[float, float]) -> torch.Tensor:
 
 class GDSSMLayer(nn.Module):
     def __init__(self, c_dim: int, value_dim: int, key_dim: int, second_head: bool, init_std: float,
-                 lambda_range: tuple[float, float]):
+                 lambda_range: tuple[float, float], beta_init: float = 0.1):
         super().__init__()
         self.a = nn.Parameter(torch.randn(value_dim, c_dim) * init_std)
         self.b = nn.Parameter(torch.randn(key_dim, c_dim) * init_std)
         self.nu = nn.Parameter(_nu_from_lambda((value_dim, key_dim), lambda_range))
-        self.beta = nn.Parameter(torch.tensor(0.1))
+        self.beta = nn.Parameter(torch.tensor(float(beta_init)))
         self.second_head = second_head
         if second_head:
             self.a_tilde = nn.Parameter(torch.randn(key_dim, c_dim) * init_std)
@@ -102,8 +102,8 @@ class WeightedSigmoidGatedUnit(nn.Module):
 class GDSSM(ZooModel):
     def __init__(self, d_in: int, d_out: int, readout: Readout, *, n_layers: int = 1, window: int = 3,
                  value_dim: int, key_dim: int, ridge: float = 0.0, init_std: float | None = None,
-                 lambda_range: tuple[float, float] = (0.9, 0.999), embed: int | None = None,
-                 mlp: int | None = None):
+                 lambda_range: tuple[float, float] = (0.9, 0.999), beta_init: float = 0.1, zero_output: bool = False,
+                 embed: int | None = None, mlp: int | None = None):
         super().__init__(d_in=d_in, d_out=d_out, readout=readout)
         self.window = window
         self.ridge = ridge
@@ -114,12 +114,14 @@ class GDSSM(ZooModel):
         c_dim = window * self.feature_dim + 1
         std = init_std or c_dim**-0.5
         self.layers = nn.ModuleList(
-            GDSSMLayer(c_dim, value_dim, key_dim, second_head=i > 0, init_std=std, lambda_range=lambda_range)
+            GDSSMLayer(c_dim, value_dim, key_dim, second_head=i > 0, init_std=std, lambda_range=lambda_range,
+                       beta_init=beta_init)
             for i in range(n_layers)
         )
         self.q = nn.Parameter(torch.randn(key_dim, c_dim) * std)
         self.r = nn.Parameter(torch.randn(value_dim, c_dim) * std)
-        self.d = nn.Parameter(torch.randn(d_out, value_dim) * value_dim**-0.5)
+        d = torch.randn(d_out, value_dim) * value_dim**-0.5  # drawn either way: the seed's other weights stay put
+        self.d = nn.Parameter(d.zero_() if zero_output else d)
 
     def recurrent_parameter_names(self) -> set[str]:
         """ν, ν̃: trained with their own learning rate and no weight decay (paper, A.5)."""
