@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Queued for the next session that has a GPU (the 2026-11-23 second and third sessions had none, so
-# none of this has run yet). Each line is a paper-length run an open issue still needs (#3 teacher-
-# student at 1M steps, the paper's ν lr against 10× it, and Table 2 with four seeds; #6 Figure 5 and
-# the context-size rows; #7 the GD-SSM baselines, feature dimension and sine waves). From the repo
+# Queued for the next session that has a GPU (the 2026-11-23 second to fourth sessions had none, so
+# none of this has run yet). Each line is a paper-length version of a CPU result (#3, resolved on CPU:
+# teacher-student at 1M steps, the paper's ν lr against 10× it, and Table 2 with four seeds; #6 Figure 5
+# and the context-size rows; #7 the GD-SSM baselines, feature dimension and sine waves). From the repo
 # root, stage by stage:
 #   launch    five sweep processes in the background (setsid), logs in /tmp/gpu-runs
 #   status    each ensemble's step (from its resumable state), the logs' tails, GPU use
@@ -25,8 +25,8 @@ launch)
   start ts-nu-lr-1e-3 "zoo sweep sweeps/teacher-student-d4.toml --set source.recurrent_lr=null --out $RUNS/ts-nu-lr-1e-3 --quiet"
   start ts           "zoo sweep sweeps/teacher-student-d4.toml --out $RUNS/ts --quiet"
   start table-2    "zoo sweep sweeps/table-2.toml --out $RUNS/table-2 --quiet;
-                    zoo sweep sweeps/gd-ssm-feature-dim-decay.toml --steps 100000 $GDSSM_LR --out $RUNS/feature-dim-decay --quiet;
-                    zoo sweep sweeps/gd-ssm-feature-dim-key.toml --steps 100000 $GDSSM_LR --out $RUNS/feature-dim-key --quiet;
+                    zoo sweep sweeps/gd-ssm-feature-dim.toml --steps 100000 --seeds 0 1 2 --out $RUNS/feature-dim --quiet;
+                    zoo sweep sweeps/gd-ssm-feature-dim-key.toml --steps 100000 --seeds 0 1 2 --out $RUNS/feature-dim-key --quiet;
                     zoo sweep sweeps/gd-ssm-sine.toml --steps 30000 $GDSSM_LR --out $RUNS/sine --quiet"
   start figure-5   "zoo sweep sweeps/figure-5.toml --ensemble --steps 30000 --out $RUNS/figure-5 --quiet"
   start gd-ssm     "zoo sweep sweeps/gd-ssm.toml --steps 20000 $GDSSM_LR --out $RUNS/gd-ssm --quiet;
