@@ -169,3 +169,18 @@ def test_report_scans_a_task_field(tmp_path):
     ]
     assert table[8] == "| lstm (5000 steps) |  | 0.9 (0.500) |  |"
     assert scan_png.name == "report-linreg-d10-c10-n_context.png" and scan_png.stat().st_size > 10_000
+
+
+def test_scan_lines_drop_the_overrides_every_run_shares():
+    """Scan rows keep only the overrides that tell runs apart; the shared ones are printed once."""
+    from zoo.report import _drop_shared_overrides
+
+    lines = ["gd-ssm-1d--seed0--beta=1--lr=3", "gd-ssm-1d--seed1--beta=1--lr=3",
+             "gd-ssm-1d--seed0--key_dim=4--beta=1--lr=3", "gd-ssm-gd-1d--beta=1"]
+    rows = [{"line": line} for line in lines]
+    _drop_shared_overrides(rows)
+    assert [r["line"] for r in rows] == ["gd-ssm-1d--seed0", "gd-ssm-1d--seed1", "gd-ssm-1d--seed0--key_dim=4", "gd-ssm-gd-1d"]
+    assert {r["shared"] for r in rows} == {("gd-ssm-1d", "beta=1--lr=3"), ("gd-ssm-gd-1d", "beta=1")}
+    single = [{"line": "lsa--seed0--lr=3"}]  # one run of one entry: every override is shared, the name stays readable
+    _drop_shared_overrides(single)
+    assert single[0]["line"] == "lsa" and single[0]["shared"] == ("lsa", "seed0--lr=3")

@@ -118,6 +118,8 @@ def _task_scans(rows: list[dict]) -> dict[tuple[str, str], dict[float, list[dict
             continue
         r = {**r, "line": r["model"].replace(f"--{suffix}", "")}  # the run, less this task field
         scans.setdefault((base, field), {}).setdefault(v, []).append(r)
+    for variants in scans.values():
+        _drop_shared_overrides([r for g in variants.values() for r in g])
     for variants in scans.values():  # one run name in two folders (e.g. two step counts): tell them apart
         clash = {r["line"] for g in variants.values() for r in g if sum(q["line"] == r["line"] for q in g) > 1}
         for g in variants.values():
@@ -125,6 +127,23 @@ def _task_scans(rows: list[dict]) -> dict[tuple[str, str], dict[float, list[dict
                 if r["line"] in clash:
                     r["line"] += f" ({r.get('steps')} steps)"
     return {k: dict(sorted(v.items())) for k, v in scans.items() if len(v) >= 2}
+
+
+def _drop_shared_overrides(rows: list[dict]) -> None:
+    """Shorten each row's `line` (entry--override--…) to what tells it apart: an override part is
+    dropped when every line of the scan has it, or every line of the same entry (when there are
+    two or more); the dropped parts go to `shared`, which the table prints once per entry."""
+    parts = {id(r): r["line"].split("--") for r in rows}
+    everywhere = set.intersection(*(set(p[1:]) for p in parts.values()))
+    by_entry: dict[str, list[set]] = {}
+    for p in {tuple(p) for p in parts.values()}:
+        by_entry.setdefault(p[0], []).append(set(p[1:]))
+    for r in rows:
+        entry, *overrides = parts[id(r)]
+        siblings = by_entry[entry]
+        common = everywhere | (set.intersection(*siblings) if len(siblings) > 1 else set())
+        r["line"] = "--".join([entry] + [o for o in overrides if o not in common])
+        r["shared"] = (entry, "--".join(o for o in overrides if o in common))
 
 
 def _scan_lines(variants: dict[float, list[dict]]) -> list[str]:
@@ -152,7 +171,9 @@ def _scan_table(base: str, field: str, variants: dict[float, list[dict]]) -> lis
             cells.append("" if r is None else f"{_fmt(r.get('test_loss'))}"
                          + (f" ({r['sensitivity_cosine']:.3f})" if "sensitivity_cosine" in r else ""))
         body.append(f"| {line} | " + " | ".join(cells) + " |")
-    return head + body + [""]
+    shared = sorted({r["shared"] for g in variants.values() for r in g if r["shared"][1]})
+    notes = [f"All runs of {entry} also have `--{parts}`." for entry, parts in shared]
+    return head + body + [""] + ([" ".join(notes), ""] if notes else [])
 
 
 def _scan_figure(base: str, field: str, variants: dict[float, list[dict]], path: Path) -> Path:
