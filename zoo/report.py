@@ -120,7 +120,7 @@ def _task_scans(rows: list[dict]) -> dict[tuple[str, str], dict[float, list[dict
         scans.setdefault((base, field), {}).setdefault(v, []).append(r)
     for variants in scans.values():
         _drop_shared_overrides([r for g in variants.values() for r in g])
-    for variants in scans.values():  # one run name in two folders (e.g. two step counts): tell them apart
+        # one run name in two folders (e.g. two step counts): tell them apart
         clash = {r["line"] for g in variants.values() for r in g if sum(q["line"] == r["line"] for q in g) > 1}
         for g in variants.values():
             for r in g:
@@ -133,17 +133,16 @@ def _drop_shared_overrides(rows: list[dict]) -> None:
     """Shorten each row's `line` (entry--override--…) to what tells it apart: an override part is
     dropped when every line of the scan has it, or every line of the same entry (when there are
     two or more); the dropped parts go to `shared`, which the table prints once per entry."""
-    parts = {id(r): r["line"].split("--") for r in rows}
-    everywhere = set.intersection(*(set(p[1:]) for p in parts.values()))
-    by_entry: dict[str, list[set]] = {}
-    for p in {tuple(p) for p in parts.values()}:
-        by_entry.setdefault(p[0], []).append(set(p[1:]))
-    for r in rows:
-        entry, *overrides = parts[id(r)]
-        siblings = by_entry[entry]
-        common = everywhere | (set.intersection(*siblings) if len(siblings) > 1 else set())
-        r["line"] = "--".join([entry] + [o for o in overrides if o not in common])
-        r["shared"] = (entry, "--".join(o for o in overrides if o in common))
+    split = [r["line"].split("--") for r in rows]
+    runs_of: dict[str, set[tuple]] = {}
+    for entry, *overrides in split:
+        runs_of.setdefault(entry, set()).add(tuple(overrides))
+    everywhere = set.intersection(*(set(run) for runs in runs_of.values() for run in runs))
+    common = {entry: everywhere | (set.intersection(*map(set, runs)) if len(runs) > 1 else set())
+              for entry, runs in runs_of.items()}
+    for r, (entry, *overrides) in zip(rows, split):
+        r["line"] = "--".join([entry, *(o for o in overrides if o not in common[entry])])
+        r["shared"] = (entry, "--".join(o for o in overrides if o in common[entry]))
 
 
 def _scan_lines(variants: dict[float, list[dict]]) -> list[str]:
