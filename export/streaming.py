@@ -30,11 +30,11 @@ def _resolve(path_or_repo: str | Path, revision: str | None, endpoint: str | Non
         return p
     if p.is_dir():
         folder = p
-    else:
+    else:  # a Hub repo id or a released entry's bare name
         from zoo.checkpoint import read_checkpoint
-        from zoo.hub import resolve_folder
+        from zoo.release import resolve
 
-        folder = resolve_folder(str(path_or_repo), revision=revision, endpoint=endpoint)
+        folder = resolve(str(path_or_repo), revision=revision, endpoint=endpoint)
         read_checkpoint(folder)  # verifies every recorded hash, the ONNX files included
     step = folder / STEP_FILE
     if not step.exists():

@@ -4,6 +4,7 @@
     zoo.list_entries()                      # the registry (zoo/entries/*.toml)
     ckpt = zoo.build("lsa-gd-d10-c10", out="ckpt/lsa-gd")   # construct or train, evaluate, save
     ckpt = zoo.load("ckpt/lsa-gd")          # a folder or a Hub repo id; hashes and shapes verified
+    ckpt = zoo.load("gated-rnn-zucchet-icl")  # a released checkpoint, by bare entry name
 """
 
 __version__ = "0.1.0"
@@ -18,17 +19,15 @@ def build(name: str, out=None, **kwargs):
 
 
 def load(path_or_repo, *, revision: str | None = None, endpoint: str | None = None):
-    """Load a checkpoint from a local folder or a Hub repo id (via snapshot_download)."""
-    from pathlib import Path
+    """Load a checkpoint: a local folder, a Hub repo id `ORG/NAME`, or a bare registry entry name.
 
+    A bare name (`zoo.load("gated-rnn-zucchet-icl")`) gives the released checkpoint: from the
+    configured Hub (`endpoint` or HF_ENDPOINT) as `icl-zoo/<name>` at the release tag when one is
+    set, otherwise from the release shipped with the package; hash-verified, never rebuilt."""
     from zoo.checkpoint import read_checkpoint
+    from zoo.release import resolve
 
-    folder = Path(path_or_repo)
-    if not folder.is_dir():
-        from zoo.hub import resolve_folder
-
-        folder = resolve_folder(str(path_or_repo), revision=revision, endpoint=endpoint)
-    return read_checkpoint(folder)
+    return read_checkpoint(resolve(path_or_repo, revision=revision, endpoint=endpoint))
 
 
 __all__ = ["__version__", "build", "get_entry", "list_entries", "load"]

@@ -14,7 +14,6 @@ the model from the embedded entry and loads the weights with strict key and shap
 
 from __future__ import annotations
 
-import datetime as _dt
 import hashlib
 import json
 import subprocess
@@ -50,11 +49,16 @@ def sha256_file(path: Path) -> str:
 
 
 def git_commit() -> str:
+    """HEAD of the source tree this code runs from, with "-dirty" when tracked files outside
+    `release/` differ from it (the built checkpoint then comes from uncommitted code)."""
+    here = Path(__file__).parent
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
-        )
-        return out.stdout.strip() if out.returncode == 0 else "unknown"
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        if out.returncode != 0:
+            return "unknown"
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)release"],
+                                cwd=here.parent, capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() + ("-dirty" if status.returncode == 0 and status.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
@@ -84,7 +88,9 @@ class Checkpoint(
 
         save_directory = Path(save_directory)
         state = {k: v.detach().to("cpu").contiguous() for k, v in self.model.state_dict().items()}
-        save_file(state, str(save_directory / WEIGHTS), metadata={"format": "pt", "entry": self.entry.name})
+        # One metadata key: safetensors writes its metadata map in hash order, so with two keys the same
+        # weights could give different bytes from one process to the next (the entry is in config.json).
+        save_file(state, str(save_directory / WEIGHTS), metadata={"format": "pt"})
         try:
             from export import export_checkpoint_graphs
         except ImportError:  # export is part of the distribution; tolerate a partial install
@@ -197,6 +203,6 @@ def provenance(seed: int | None, steps: int | None, device: str, dataset_hashes:
         "seed": seed,
         "steps": steps,
         "device": device,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "threads": torch.get_num_threads() if device == "cpu" else None,
         "dataset_hashes": dataset_hashes,
     }

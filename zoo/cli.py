@@ -164,6 +164,10 @@ def cmd_hub_serve(args) -> int:
     from zoo.hub import default_local_hub, start_server
 
     root = Path(args.dir) if args.dir else default_local_hub()
+    if not args.no_release:
+        from zoo.release import import_to_hub
+
+        import_to_hub(root)
     proc, endpoint = start_server(root, args.port)
     print(f"serving the local hub {root} with olah at {endpoint}")
     print(f"  export HF_ENDPOINT={endpoint}    # then huggingface_hub / datasets / zoo use it")
@@ -217,6 +221,36 @@ def cmd_stream(args) -> int:
             bar.update(chunk.shape[1])
     outputs = np.concatenate(chunks, axis=1)
     write_outputs(outputs if args.raw else session.predict(outputs), args.output)
+    return 0
+
+
+def cmd_release(args) -> int:
+    from zoo import release
+
+    root = Path(args.root) if args.root else release.release_dir()
+    if args.release_command == "build":
+        started = __import__("time").perf_counter()
+        index = release.build_release(root, only=args.only, time_budget=args.time_budget, device=args.device,
+                                      workers=args.workers, threads=args.threads, force=args.force)
+        print(f"release {index['version']}: {len(index['entries'])} entries in {root} "
+              f"({__import__('time').perf_counter() - started:.0f} s); index: {root / release.INDEX_MD}")
+        if args.archive:
+            path = release.write_archive(root, Path(args.archive))
+            print(f"archive {path}: {path.stat().st_size / 2**20:.2f} MiB (unpack: zoo release unpack {path})")
+    elif args.release_command == "refresh":
+        index = release.refresh_release(root, only=args.only)
+        print(f"re-rendered cards and index of {len(index['entries'])} released entries in {root}")
+    elif args.release_command == "plan":
+        release.print_plan(device=args.device, only=args.only, threads=args.threads)
+    elif args.release_command == "archive":
+        path = release.write_archive(root, Path(args.out))
+        print(f"archive {path}: {path.stat().st_size / 2**20:.2f} MiB")
+    elif args.release_command == "unpack":
+        release.unpack_archive(Path(args.archive), root)
+        print(f"unpacked {args.archive} into {root} (every file hash-verified against its index)")
+    elif args.release_command == "publish":
+        out = release.publish_release(args.org, hub=args.hub, root=root, datasets=not args.no_datasets)
+        print(f"published {len(out['repos'])} repos at tag {out['version']}; collection {out['collection']}")
     return 0
 
 
@@ -354,6 +388,47 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--dir", help="local hub directory")
     s.add_argument("--port", type=int, help="default: a free port")
     s.set_defaults(fn=cmd_hub_serve)
+
+    s.add_argument("--no-release", action="store_true", help="serve the hub as it is, without importing the shipped release")
+
+    s = sub.add_parser("release", help="the zoo's release: every entry's checkpoint, built, indexed, shipped and served")
+    rel_sub = s.add_subparsers(dest="release_command", required=True)
+    s = rel_sub.add_parser("build", help="build every entry (or --only …) into release/; resumable entry by entry")
+    s.add_argument("--only", nargs="+", metavar="ENTRY")
+    s.add_argument("--time-budget", type=float, metavar="SECONDS",
+                   help="per trained entry: train at most this long (steps chosen from measured throughput, "
+                        "recorded as steps run / recipe steps); default: the recipe's length")
+    s.add_argument("--device", help="cpu, cuda … (default: cuda if available)")
+    s.add_argument("--workers", type=int, default=1, help="entries built at once in separate processes")
+    s.add_argument("--threads", type=int, help="torch threads per worker (1 on a CPU with --workers = cores)")
+    s.add_argument("--force", action="store_true", help="rebuild entries that are already current")
+    s.add_argument("--archive", metavar="TAR_GZ", help="also write the release as one archive")
+    s.add_argument("--root", help="release folder (default: the shipped release/)")
+    s.set_defaults(fn=cmd_release)
+    s = rel_sub.add_parser("refresh", help="re-render the cards and the index of released entries (no retraining)")
+    s.add_argument("--only", nargs="+", metavar="ENTRY")
+    s.add_argument("--root")
+    s.set_defaults(fn=cmd_release)
+    s = rel_sub.add_parser("plan", help="each trained entry's cost at its recipe length, from measured throughput here")
+    s.add_argument("--only", nargs="+", metavar="ENTRY")
+    s.add_argument("--device")
+    s.add_argument("--threads", type=int)
+    s.add_argument("--root")
+    s.set_defaults(fn=cmd_release)
+    s = rel_sub.add_parser("archive", help="write the release as one .tar.gz")
+    s.add_argument("out")
+    s.add_argument("--root")
+    s.set_defaults(fn=cmd_release)
+    s = rel_sub.add_parser("unpack", help="unpack a release archive into release/ (hash-verified)")
+    s.add_argument("archive")
+    s.add_argument("--root")
+    s.set_defaults(fn=cmd_release)
+    s = rel_sub.add_parser("publish", help="push every released repo and dataset to a Hub, tagged, in a Collection")
+    s.add_argument("--org", required=True)
+    s.add_argument("--hub", default="hf", help="'hf' for huggingface.co, or a Hub URL")
+    s.add_argument("--no-datasets", action="store_true")
+    s.add_argument("--root")
+    s.set_defaults(fn=cmd_release)
 
     s = sub.add_parser("export", help="write model_step.onnx / model.onnx for a checkpoint (folder or repo)")
     s.add_argument("path")

@@ -74,10 +74,17 @@ def local_repo_path(root: Path, repo_id: str, repo_type: str = "model") -> Path:
 
 
 def _publishable(folder: Path):
+    """The files of `folder` to publish; a symlink or special file is refused, never followed."""
     for p in sorted(folder.rglob("*")):
         rel = p.relative_to(folder)
-        if p.is_file() and not any(part in NEVER_PUBLISHED for part in rel.parts):
+        if any(part in NEVER_PUBLISHED for part in rel.parts):
+            continue
+        if p.is_symlink():
+            raise HubError(f"{p} is a symbolic link; refusing to publish it (copy the file in instead)")
+        if p.is_file():
             yield p, rel
+        elif not p.is_dir():
+            raise HubError(f"{p} is not a regular file; refusing to publish it")
 
 
 def publish_local(folder: Path, repo_id: str, *, repo_type: str = "model", root: Path | None = None,
@@ -94,10 +101,11 @@ def publish_local(folder: Path, repo_id: str, *, repo_type: str = "model", root:
     if not (repo / ".git").exists():
         repo.mkdir(parents=True, exist_ok=True)
         _git(repo, "init", "-q", "-b", "main")
+    files = list(_publishable(folder))  # refuses symlinks before anything in the repo changes
     for tracked in _git(repo, "ls-files", "-z").split("\0"):
         if tracked:
             (repo / tracked).unlink(missing_ok=True)
-    for src, rel in _publishable(folder):
+    for src, rel in files:
         dst = repo / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, dst)
@@ -106,6 +114,11 @@ def publish_local(folder: Path, repo_id: str, *, repo_type: str = "model", root:
         return _git(repo, "rev-parse", "HEAD")  # identical content: no empty revision
     _git(repo, "commit", "-q", "-m", message or f"Publish {repo_id} from {folder.name}")
     return _git(repo, "rev-parse", "HEAD")
+
+
+def tag_local(root: Path, repo_id: str, tag: str, *, repo_type: str = "model") -> None:
+    """Point tag `tag` of a local-hub repo at its current main (moved if it existed)."""
+    _git(local_repo_path(root, repo_id, repo_type), "tag", "-f", tag)
 
 
 # ---------------------------------------------------------------- real hub

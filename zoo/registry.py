@@ -206,9 +206,17 @@ Source = Annotated[Union[TrainRecipe, Construction], Field(discriminator="kind")
 
 
 class Expected(Strict):
-    value: float  # the paper's number
-    rel_tol: float = Field(0.02, ge=0)  # accepted relative deviation
+    value: float = Field(allow_inf_nan=False)  # the paper's number
+    rel_tol: float = Field(0.02, ge=0, allow_inf_nan=False)  # accepted relative deviation |m − v| ≤ rel_tol·|v|
+    # An order-of-magnitude claim is checked on a log scale instead: |log10(m / v)| ≤ log10_tol.
+    log10_tol: float | None = Field(None, gt=0, allow_inf_nan=False)
     note: str = ""
+
+    @model_validator(mode="after")
+    def _log_scale_needs_positive_value(self):
+        if self.log10_tol is not None and self.value <= 0:
+            raise ValueError("log10_tol needs a positive value")
+        return self
 
 
 class Entry(Strict):

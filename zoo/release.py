@@ -1,0 +1,525 @@
+"""The release: every registry entry's checkpoint, built, indexed, shipped with the package and served.
+
+    release/
+      index.json, INDEX.md       one row per entry: steps run vs recipe, device, commit, hashes,
+                                 metrics against the entry's `expected` paper values, verdict
+      <entry>/                   exactly the entry's Hub repo: config.json, model.safetensors,
+                                 model.onnx (+ model_step.onnx), README.md card, figures,
+                                 eval_results.json, training_history.json
+      .work/                     build folders with resumable training state (never shipped)
+
+`zoo release build` fills it entry by entry (resumable; an entry whose recipe changed is rebuilt),
+`zoo hub serve` serves it as `icl-zoo/<entry>` model repos tagged with the release version,
+`zoo.load("<entry>")` loads a released checkpoint by bare name, hash-verified against the index.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import zoo
+from zoo.checkpoint import CONFIG, CheckpointError, sha256_file
+from zoo.expected import check, verdict
+from zoo.registry import RegistryError, default_registry, get_entry, get_task_spec
+
+VERSION = f"v{zoo.__version__}"  # the git tag of every released repo on a hub
+ORG = "icl-zoo"
+INDEX_JSON, INDEX_MD = "index.json", "INDEX.md"
+WORK = ".work"
+SHIPPED = {".json", ".safetensors", ".onnx", ".md", ".png"}  # what a released folder may hold
+PROBE_STEPS = 20  # training steps timed to choose a run length under --time-budget
+MIN_STEPS = 200  # a budgeted run is never shorter than this
+
+
+class ReleaseError(ValueError):
+    """An entry is not released, a released folder does not match the index, or a build failed."""
+
+
+def release_dir() -> Path:
+    """The shipped release: `zoo/_release` in an installed wheel, `release/` in a source tree."""
+    here = Path(__file__).parent
+    for candidate in (here / "_release", here.parent / "release"):
+        if (candidate / INDEX_JSON).is_file():
+            return candidate
+    return here.parent / "release"
+
+
+def read_index(root: Path | None = None) -> dict:
+    path = Path(root or release_dir()) / INDEX_JSON
+    if not path.is_file():
+        return {"version": VERSION, "entries": {}}
+    return json.loads(path.read_text())
+
+
+def entry_fingerprint(name: str) -> str:
+    """SHA-256 of an entry's definition and its task's: a change to either makes its release stale."""
+    entry = get_entry(name)
+    doc = {"entry": entry.model_dump(mode="json", exclude={"file"}), "task": get_task_spec(entry.task).model_dump(mode="json")}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def unknown_entry_error(name: str) -> RegistryError:
+    near = difflib.get_close_matches(name, list(default_registry().entries), n=4, cutoff=0.5)
+    hint = f"; did you mean {', '.join(near)}?" if near else " (see `zoo list`)"
+    return RegistryError(f"{name!r} is not a registry entry{hint}")
+
+
+# ---------------------------------------------------------------- resolve / verify
+def verify_folder(folder: Path, row: dict) -> None:
+    """Every file the index records for an entry is present, a regular file and has its hash; nothing else is there."""
+    folder = Path(folder)
+    recorded = row["files"]
+    present = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+    for name, digest in recorded.items():
+        path = folder / name
+        if path.is_symlink() or not path.is_file():
+            raise ReleaseError(f"{folder}: {name} is missing or not a regular file")
+        got = sha256_file(path)
+        if got != digest:
+            raise ReleaseError(f"{folder}: {name} has SHA-256 {got}, the release index records {digest}; refusing it")
+    extra = sorted(present - set(recorded) - {".gitattributes"})
+    if extra:
+        raise ReleaseError(f"{folder}: files the release index does not list: {', '.join(extra)}")
+
+
+def released_folder(name: str, *, revision: str | None = None, endpoint: str | None = None) -> Path:
+    """The folder of the released checkpoint `name`, hash-verified against the shipped index.
+
+    From the configured Hub (`endpoint`, or HF_ENDPOINT) when one is set, as repo `icl-zoo/<name>` at
+    the release tag; otherwise from the release shipped with the package. Never builds anything."""
+    if name not in default_registry().entries:
+        raise unknown_entry_error(name)
+    index = read_index()
+    row = index["entries"].get(name)
+    endpoint = endpoint or os.environ.get("HF_ENDPOINT")
+    if endpoint:
+        from zoo.hub import resolve_folder
+
+        folder = resolve_folder(f"{ORG}/{name}", revision=revision or index["version"], endpoint=endpoint)
+        if row is not None and (revision or index["version"]) == index["version"]:
+            verify_folder(folder, row)
+        return folder
+    if row is None:
+        raise ReleaseError(f"{name!r} is a registry entry but not in the release shipped with this package "
+                           f"({release_dir()}); build it with `zoo release build --only {name}` or `zoo build {name}`")
+    folder = release_dir() / name
+    verify_folder(folder, row)
+    return folder
+
+
+def resolve(path_or_repo: str | Path, *, revision: str | None = None, endpoint: str | None = None) -> Path:
+    """A checkpoint folder from a local folder, a Hub repo id `ORG/NAME` or a bare entry name."""
+    folder = Path(path_or_repo)
+    if folder.is_dir():
+        return folder
+    text = str(path_or_repo)
+    if "/" not in text:
+        return released_folder(text, revision=revision, endpoint=endpoint)
+    from zoo.hub import resolve_folder
+
+    return resolve_folder(text, revision=revision, endpoint=endpoint)
+
+
+# ---------------------------------------------------------------- build
+def measure_rate(name: str, device: str, steps: int = PROBE_STEPS) -> float:
+    """Training steps per second of entry `name` at its recipe's batch on `device` (a short timed run)."""
+    import torch
+
+    from zoo.builder import _prepare
+    from zoo.models import create_model
+    from zoo.train import train
+
+    entry, _, task, validation, _, _ = _prepare(name, None)
+    torch.manual_seed(0)
+    model = create_model(entry.arch, task)
+    recipe = entry.source.model_copy(update={"eval_every": 10**9, "checkpoint_every": 10**9})
+    with tempfile.TemporaryDirectory() as tmp:
+        train(model, task, recipe, run_dir=Path(tmp), steps=3, device=device, progress=False)  # warm-up
+        start = time.perf_counter()
+        train(model, task, recipe, run_dir=Path(tmp) / "timed", steps=steps, device=device, progress=False)
+        return steps / (time.perf_counter() - start)
+
+
+def run_length(name: str, device: str, time_budget: float | None) -> tuple[int, float | None]:
+    """(steps, measured steps/s): the recipe's steps, or fewer when they do not fit `time_budget` seconds."""
+    recipe_steps = get_entry(name).source.steps
+    if time_budget is None:
+        return recipe_steps, None
+    rate = measure_rate(name, device)
+    affordable = max(MIN_STEPS, int(time_budget * rate) // 100 * 100)
+    return min(recipe_steps, affordable), rate
+
+
+def _on_cuda(device: str) -> bool:
+    import torch
+
+    return torch.device(device).type == "cuda"
+
+
+def build_entry(name: str, root: Path, *, time_budget: float | None, device: str | None, threads: int | None,
+                progress: bool = False) -> dict:
+    """Build entry `name` into `root/<name>` and return its index row (also run in worker processes)."""
+    import torch
+
+    from zoo.builder import build, build_ensemble
+    from zoo.train import default_device
+
+    if threads:
+        torch.set_num_threads(threads)
+    device = device or str(default_device())
+    entry = get_entry(name)
+    work = root / WORK / name
+    started = time.perf_counter()
+    steps, rate = None, None
+    if entry.source.kind == "trained":
+        steps, rate = run_length(name, device, time_budget)
+        marker = work / "run.json"  # a resumed build must continue the same run length
+        if marker.exists() and json.loads(marker.read_text()).get("steps") != steps:
+            steps = json.loads(marker.read_text())["steps"]
+        work.mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps({"steps": steps, "fingerprint": entry_fingerprint(name)}))
+        from zoo.models import create_model
+
+        vmappable = getattr(create_model(entry.arch, get_task_spec(entry.task).build()), "vmappable", True)
+        if _on_cuda(device) and vmappable:  # one CUDA-graph replay per step (zoo/ensemble.py)
+            build_ensemble(name, [entry.source.seed], [work / "ckpt"], run_dir=work / "ensemble", steps=steps,
+                           device=device, progress=progress)
+        else:
+            build(name, work / "ckpt", steps=steps, device=device, progress=progress)
+    else:
+        build(name, work / "ckpt", progress=progress)
+    seconds = time.perf_counter() - started
+
+    staged = root / f".{name}.staged"
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.mkdir(parents=True)
+    for path in sorted((work / "ckpt").iterdir()):
+        if path.is_file() and not path.is_symlink() and path.suffix in SHIPPED:
+            shutil.copyfile(path, staged / path.name)
+    final = root / name
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(staged, final)  # a folder is either the old complete build or the new one
+    shutil.rmtree(work, ignore_errors=True)
+    return index_row(name, final, build_seconds=seconds, steps_per_second=rate)
+
+
+def index_row(name: str, folder: Path, *, build_seconds: float | None = None, steps_per_second: float | None = None) -> dict:
+    entry = get_entry(name)
+    config = json.loads((folder / CONFIG).read_text())
+    metrics = json.loads((folder / "eval_results.json").read_text())
+    prov = config.get("provenance", {})
+    checks = check(entry, metrics)
+    row = {
+        "entry": name,
+        "family": entry.arch.type,
+        "paper": entry.paper,
+        "paper_file": Path(entry.file).stem,
+        "source": entry.source.kind,
+        "steps": prov.get("steps"),
+        "recipe_steps": entry.source.steps if entry.source.kind == "trained" else None,
+        "device": prov.get("device"),
+        "threads": prov.get("threads"),
+        "seed": prov.get("seed"),
+        "build_seconds": round(build_seconds, 1) if build_seconds is not None else None,
+        "steps_per_second": round(steps_per_second, 1) if steps_per_second else None,
+        "test_loss": metrics.get("test_loss"),
+        "gd_loss": metrics.get("gd_loss"),
+        "gd_steps": metrics.get("gd_steps"),
+        "lstsq_loss": metrics.get("lstsq_loss"),
+        "checks": [c.as_dict() for c in checks],
+        "verdict": verdict(checks),
+        "commit": prov.get("git_commit"),
+        "fingerprint": entry_fingerprint(name),
+        "files": {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file()},
+    }
+    row["note"] = shortfall_note(row)
+    return row
+
+
+def shortfall_note(row: dict) -> str:
+    """Why a trained entry falls short (or has no paper value) and what run would close it."""
+    if row["source"] != "trained":
+        return "" if row["verdict"] != "falls short" else "a construction that misses its paper value: a defect"
+    short_run = row["steps"] is not None and row["recipe_steps"] and row["steps"] < row["recipe_steps"]
+    gap = ""
+    if row.get("gd_loss") and row.get("test_loss") is not None:
+        gap = f"test loss {100 * (row['test_loss'] / row['gd_loss'] - 1):+.1f}% vs {row.get('gd_steps') or 1}-step GD"
+    if short_run:
+        run = (f"shorter run: {row['steps']:,} of the recipe's {row['recipe_steps']:,} steps on {row['device']}; "
+               f"the recipe-length run is `zoo release build --only {row['entry']} --force` on a GPU")
+        return "; ".join(x for x in (gap, run) if x)
+    return gap
+
+
+def build_release(root: Path | None = None, *, only: list[str] | None = None, time_budget: float | None = None,
+                  device: str | None = None, workers: int = 1, threads: int | None = None, force: bool = False,
+                  progress: bool = True) -> dict:
+    """Build every registry entry (or `only`) into `root`; skip those already released with the same
+    definition (resumable), rebuild those whose entry or task changed. Returns the index."""
+    root = Path(root or release_dir())
+    root.mkdir(parents=True, exist_ok=True)
+    registry = default_registry()
+    names = sorted(registry.entries) if not only else only
+    for name in names:
+        if name not in registry.entries:
+            raise unknown_entry_error(name)
+    index = read_index(root)
+    index["version"] = VERSION
+    rows = index.setdefault("entries", {})
+    todo = [n for n in names if force or not _is_current(root, rows.get(n))]
+    for name in set(rows) - set(registry.entries):  # entries removed from the registry leave the release
+        rows.pop(name)
+        shutil.rmtree(root / name, ignore_errors=True)
+    if progress:
+        print(f"release {VERSION}: {len(names) - len(todo)} of {len(names)} entries current, building {len(todo)}"
+              + (f" with {workers} workers" if workers > 1 else ""), flush=True)
+    # Trained entries first: they are the long ones, so parallel workers end together.
+    todo.sort(key=lambda n: (registry.entries[n].source.kind != "trained", n))
+    started = time.perf_counter()
+    kwargs = {"time_budget": time_budget, "device": device, "threads": threads}
+
+    def finished(name: str, row: dict) -> None:
+        rows[name] = row
+        write_index(root, index)
+        if progress:
+            steps = f"{row['steps']:,}/{row['recipe_steps']:,} steps" if row["source"] == "trained" else "constructed"
+            print(f"  [{len(rows)}/{len(registry.entries)}] {name}: {steps}, test loss {row['test_loss']:.5g}, "
+                  f"{row['verdict']} ({row['build_seconds']:.0f} s; {time.perf_counter() - started:.0f} s elapsed)", flush=True)
+
+    if workers <= 1:
+        for name in todo:
+            finished(name, build_entry(name, root, **kwargs))
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+            futures = {pool.submit(build_entry, name, root, **kwargs): name for name in todo}
+            for future in as_completed(futures):
+                finished(futures[future], future.result())
+    index["build_seconds_last_run"] = round(time.perf_counter() - started, 1)
+    write_index(root, index)
+    return index
+
+
+def _is_current(root: Path, row: dict | None) -> bool:
+    if row is None or not (root / row["entry"] / CONFIG).is_file():
+        return False
+    try:
+        verify_folder(root / row["entry"], row)
+    except ReleaseError:
+        return False
+    return row.get("fingerprint") == entry_fingerprint(row["entry"])
+
+
+def write_index(root: Path, index: dict) -> None:
+    tmp = root / (INDEX_JSON + ".tmp")
+    tmp.write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, root / INDEX_JSON)
+    (root / INDEX_MD).write_text(index_markdown(index))
+
+
+def _fmt(x, spec=".4g") -> str:
+    return "" if x is None else format(x, spec)
+
+
+def index_markdown(index: dict) -> str:
+    rows = list(index["entries"].values())
+    current = {r["entry"]: r["fingerprint"] == entry_fingerprint(r["entry"]) for r in rows
+               if r["entry"] in default_registry().entries}
+    missing = sorted(set(default_registry().entries) - {r["entry"] for r in rows})
+    counts = {v: sum(r["verdict"] == v for r in rows) for v in ("meets", "falls short", "no paper value")}
+    short_runs = sum(1 for r in rows if r["source"] == "trained" and r["steps"] < r["recipe_steps"])
+    lines = [
+        f"# icl-zoo release {index['version']}",
+        "",
+        "Generated by `zoo release build` from the registry (`zoo/entries/*.toml`); do not edit by hand.",
+        "Every folder beside this file is one entry's Hub repo: `zoo.load(\"<entry>\")` loads it offline,",
+        "`zoo hub serve` serves it as `icl-zoo/<entry>` at tag `" + index["version"] + "`.",
+        "",
+        f"{len(rows)} entries released ({len(missing)} registry entries missing); verdicts against the papers' values: "
+        f"{counts['meets']} meet, {counts['falls short']} fall short, {counts['no paper value']} have no paper value. "
+        f"{short_runs} trained entries hold a **shorter run than their recipe** (steps column): their numbers are "
+        "those of the shorter run, not the paper's recipe.",
+        "",
+        "A commit marked *stale* was built from an entry or task definition that has since changed: "
+        "`zoo release build` rebuilds it.",
+        "",
+        "| entry | family | paper | source | steps run / recipe | device | test loss | GD ref (k steps) | paper value (tolerance) → measured | verdict | note | commit |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(rows, key=lambda r: (r["paper_file"], r["entry"])):
+        steps = f"{r['steps']:,} / {r['recipe_steps']:,}" if r["source"] == "trained" else "—"
+        device = r["device"] + (f" ({r['threads']} thr)" if r.get("threads") else "")
+        checks = "<br>".join(
+            f"{c['metric']} {c['paper']:.4g} ({c['tolerance']}) → {_fmt(c['measured'])} ({c['off_by']})" for c in r["checks"]
+        ) or "—"
+        commit = r["commit"] or "unknown"
+        commit = commit[:10] + ("-dirty" if commit.endswith("-dirty") else "") + ("" if current.get(r["entry"], True) else " *stale*")
+        gd = f"{_fmt(r['gd_loss'])} ({r['gd_steps']})" if r.get("gd_loss") is not None else "—"
+        lines.append(f"| [{r['entry']}]({r['entry']}/README.md) | `{r['family']}` | {r['paper']} | {r['source']} | {steps} | "
+                     f"{device} | {_fmt(r['test_loss'])} | {gd} | {checks} | **{r['verdict']}** | {r['note']} | `{commit}` |")
+    if missing:
+        lines += ["", "Not yet released: " + ", ".join(f"`{m}`" for m in missing)]
+    lines += ["", "File hashes (SHA-256) of every released file are in [`index.json`](index.json); loading verifies them.", ""]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- archive
+def write_archive(root: Path, path: Path) -> Path:
+    """One .tar.gz of the release (index + every entry folder), unpacked by `zoo release unpack`."""
+    root, path = Path(root), Path(path)
+    with tarfile.open(path, "w:gz") as tar:
+        for p in sorted(root.rglob("*")):
+            rel = p.relative_to(root)
+            if rel.parts[0].startswith(".") or not p.is_file() or p.is_symlink():
+                continue
+            tar.add(p, arcname=str(Path("release") / rel), recursive=False)
+    return path
+
+
+def unpack_archive(path: Path, dest: Path) -> Path:
+    """Unpack a release archive into `dest` (a `release/` folder): regular files only, no path escapes."""
+    dest = Path(dest)
+    with tarfile.open(path, "r:gz") as tar:
+        members = tar.getmembers()
+        for m in members:
+            parts = Path(m.name).parts
+            if not m.isfile() or not parts or parts[0] != "release" or ".." in parts or Path(m.name).is_absolute():
+                raise ReleaseError(f"{path}: refusing archive member {m.name!r} (only regular files under release/)")
+        with tempfile.TemporaryDirectory(dir=dest.parent if dest.parent.exists() else None) as tmp:
+            tar.extractall(tmp, members=members, filter="data")
+            unpacked = Path(tmp) / "release"
+            index = read_index(unpacked)
+            for name, row in index["entries"].items():
+                verify_folder(unpacked / name, row)
+            for p in sorted(unpacked.iterdir()):
+                target = dest / p.name
+                if target.is_dir():
+                    shutil.rmtree(target)
+                dest.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(p), str(target))
+    return dest
+
+
+# ---------------------------------------------------------------- hub
+def import_to_hub(hub_root: Path, root: Path | None = None, *, datasets: bool = True, progress: bool = True) -> dict:
+    """Publish every released folder as model repo `icl-zoo/<entry>` and each task's frozen splits as
+    dataset repo `icl-zoo/<task>` on the local hub at `hub_root`, each tagged with the release version."""
+    from zoo.hub import dataset_folder, publish_local, tag_local
+
+    root = Path(root or release_dir())
+    index = read_index(root)
+    version = index["version"]
+    revisions = {"models": {}, "datasets": {}}
+    for name, row in index["entries"].items():
+        verify_folder(root / name, row)
+        sha = publish_local(root / name, f"{ORG}/{name}", root=hub_root, message=f"icl-zoo release {version}")
+        tag_local(hub_root, f"{ORG}/{name}", version)
+        revisions["models"][name] = sha
+    if datasets:
+        tasks = sorted({get_entry(n).task for n in index["entries"]})
+        for task in tasks:
+            with tempfile.TemporaryDirectory() as tmp:
+                folder, _ = dataset_folder(task, Path(tmp) / task)
+                sha = publish_local(folder, f"{ORG}/{task}", repo_type="dataset", root=hub_root,
+                                    message=f"icl-zoo release {version}")
+            tag_local(hub_root, f"{ORG}/{task}", version, repo_type="dataset")
+            revisions["datasets"][task] = sha
+    if progress:
+        print(f"imported release {version}: {len(revisions['models'])} model repos, "
+              f"{len(revisions['datasets'])} dataset repos into {hub_root}", flush=True)
+    return revisions
+
+
+def publish_release(org: str, *, hub: str = "hf", root: Path | None = None, token: str | None = None,
+                    datasets: bool = True, progress: bool = True) -> dict:
+    """Push every released folder (and each task's frozen splits) to a real Hub as `<org>/<name>`,
+    tag each with the release version and list them in a Hub Collection."""
+    from huggingface_hub import HfApi
+
+    from zoo.hub import dataset_folder, publish_hub, validate_repo_id
+
+    root = Path(root or release_dir())
+    index = read_index(root)
+    version = index["version"]
+    endpoint = None if hub in ("hf", "huggingface") else hub
+    api = HfApi(endpoint=endpoint, token=token)
+    pushed = []
+    for name, row in index["entries"].items():
+        repo = validate_repo_id(f"{org}/{name}")
+        verify_folder(root / name, row)
+        publish_hub(root / name, repo, endpoint=endpoint, token=token, message=f"icl-zoo release {version}")
+        api.create_tag(repo, tag=version, repo_type="model", exist_ok=True)
+        pushed.append((repo, "model"))
+        if progress:
+            print(f"  pushed {repo}@{version}", flush=True)
+    if datasets:
+        for task in sorted({get_entry(n).task for n in index["entries"]}):
+            repo = validate_repo_id(f"{org}/{task}")
+            with tempfile.TemporaryDirectory() as tmp:
+                folder, _ = dataset_folder(task, Path(tmp) / task)
+                publish_hub(folder, repo, repo_type="dataset", endpoint=endpoint, token=token,
+                            message=f"icl-zoo release {version}")
+            api.create_tag(repo, tag=version, repo_type="dataset", exist_ok=True)
+            pushed.append((repo, "dataset"))
+    collection = api.create_collection(
+        title=f"icl-zoo {version}", namespace=org, exists_ok=True,
+        description="In-context learning by gradient descent: every icl-zoo entry's checkpoint and frozen datasets.",
+    )
+    for repo, kind in pushed:
+        api.add_collection_item(collection.slug, item_id=repo, item_type=kind, exists_ok=True)
+    return {"version": version, "collection": collection.slug, "repos": [r for r, _ in pushed]}
+
+
+# ---------------------------------------------------------------- refresh / plan
+def refresh_release(root: Path | None = None, *, only: list[str] | None = None) -> dict:
+    """Re-render each released entry's card and figures from its checkpoint (weights untouched,
+    hashes verified first) and regenerate its index row: for a change to the cards or the index."""
+    from zoo.card import write_card_and_figures
+    from zoo.checkpoint import read_checkpoint
+
+    root = Path(root or release_dir())
+    index = read_index(root)
+    for name in only or list(index["entries"]):
+        row = index["entries"].get(name)
+        if row is None:
+            raise ReleaseError(f"{name!r} is not released in {root}")
+        verify_folder(root / name, row)
+        ckpt = read_checkpoint(root / name)
+        write_card_and_figures(ckpt, root / name)
+        index["entries"][name] = index_row(name, root / name, build_seconds=row.get("build_seconds"),
+                                           steps_per_second=row.get("steps_per_second"))
+    write_index(root, index)
+    return index
+
+
+def print_plan(*, device: str | None = None, only: list[str] | None = None, threads: int | None = None) -> list[dict]:
+    """Measure each trained entry's steps/s here and print its recipe-length cost and the total."""
+    import torch
+
+    from zoo.train import default_device
+
+    if threads:
+        torch.set_num_threads(threads)
+    device = device or str(default_device())
+    names = only or [e.name for e in zoo.list_entries(source="trained")]
+    rows, total = [], 0.0
+    print(f"{'entry':34} {'recipe steps':>12} {'steps/s':>9} {'cost at recipe length':>22}   ({device}, {torch.get_num_threads()} threads)")
+    for name in names:
+        rate = measure_rate(name, device)
+        steps = get_entry(name).source.steps
+        seconds = steps / rate
+        total += seconds
+        rows.append({"entry": name, "recipe_steps": steps, "steps_per_second": rate, "seconds": seconds})
+        print(f"{name:34} {steps:>12,} {rate:>9.1f} {seconds / 3600:>20.2f} h", flush=True)
+    print(f"{'whole zoo (trained entries, one after another)':60} {total / 3600:>9.2f} h")
+    return rows
