@@ -83,7 +83,7 @@ def test_tampered_weights_are_refused(constructed, tmp_path):
 def test_missing_file_and_wrong_shapes_are_refused(constructed, tmp_path):
     dst = copy(constructed[1], tmp_path)
     (dst / "model.safetensors").unlink()
-    with pytest.raises(CheckpointError, match="listed in config.json but missing"):
+    with pytest.raises(CheckpointError, match="file model.safetensors is missing"):
         zoo.load(dst)
 
     dst2 = copy(constructed[1], tmp_path / "b")

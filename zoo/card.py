@@ -31,9 +31,34 @@ def templates_dir() -> Path:
     raise FileNotFoundError("model card templates not found (model_cards/card.md.j2)")
 
 
+def _families() -> dict:
+    return tomllib.loads((templates_dir() / "families.toml").read_text())
+
+
 def family(entry) -> dict:
-    table = tomllib.loads((templates_dir() / "families.toml").read_text())
-    return table.get(Path(entry.file).stem, {"prose": "", "citation": ""})
+    return _families().get(Path(entry.file).stem, {"prose": "", "citation": ""})
+
+
+def paper_links(entry) -> list[dict]:
+    """The seed papers an entry's `paper` field names: {title, href, arxiv} each (families.toml)."""
+    links = []
+    for word, link in _families().get("paper_links", {}).items():
+        if word in entry.paper:
+            href = link.get("url") or f"https://arxiv.org/abs/{link['arxiv']}"
+            links.append({"title": link["title"], "href": href, "arxiv": link.get("arxiv")})
+    return links
+
+
+def run_line(ckpt) -> str:
+    """One sentence on how the weights came to be, saying plainly when a run is shorter than its recipe."""
+    src, p = ckpt.entry.source, ckpt.provenance
+    if src.kind == "constructed":
+        return "Constructed analytically, no training: the weights are the construction itself."
+    steps, where = p.get("steps"), f"{p.get('device')}" + (f", {p['threads']} thread(s)" if p.get("threads") else "")
+    if steps is not None and steps < src.steps:
+        return (f"**A shorter run than the paper's recipe:** trained {steps:,} of the recipe's {src.steps:,} steps on {where} "
+                f"(seed {p.get('seed')}). The numbers on this card are this run's, not the recipe's.")
+    return f"Trained for the recipe's full {src.steps:,} steps on {where} (seed {p.get('seed')})."
 
 
 def card_data(ckpt, dataset_repo: str | None = None, dataset_revision: str | None = None) -> ModelCardData:
@@ -54,10 +79,12 @@ def card_data(ckpt, dataset_repo: str | None = None, dataset_revision: str | Non
         for key, label in METRIC_NAMES.items()
         if key in m
     ]
+    arxiv = sorted({f"arxiv:{link['arxiv']}" for link in paper_links(entry) if link.get("arxiv")})
     return ModelCardData(
         library_name="icl-zoo",
         license="apache-2.0",
-        tags=["in-context-learning", "icl-zoo", entry.arch.type, entry.source.kind, entry.task],
+        pipeline_tag="tabular-regression",  # in-context regression: predict y_q from (x_i, y_i) pairs and x_q
+        tags=["in-context-learning", "icl-zoo", entry.arch.type, entry.source.kind, entry.task, *arxiv],
         datasets=[dataset],
         model_name=entry.name,
         eval_results=results or None,
@@ -102,6 +129,11 @@ def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
     arch_summary = f"`{a.type}` — " + ", ".join(f"{k}={v}" for k, v in a.model_dump().items() if k != "type")
     expected = entry.expected.get("test_loss")
     fam = family(entry)
+    from zoo.expected import check
+    from zoo.registry import default_registry
+
+    released = default_registry().entries.get(entry.name) == entry  # the registry's entry, not a variant
+    load_name = repo_id or (entry.name if released else folder.name)
     card = ModelCard.from_template(
         card_data(ckpt, dataset_repo, dataset_revision),
         template_path=str(templates_dir() / "card.md.j2"),
@@ -116,6 +148,10 @@ def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
         family_prose=fam["prose"].strip(),
         citation=fam["citation"].strip(),
         repo_id=repo_id or f"icl-zoo/{entry.name}",
+        load_name=load_name,
+        checks=check(entry, m),
+        run_line=run_line(ckpt),
+        paper_links=paper_links(entry),
         repo_url=REPO_URL,
         streaming=(folder / "model_step.onnx").exists(),
     )

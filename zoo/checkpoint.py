@@ -48,6 +48,28 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def contained_file(folder: Path, name: str) -> Path:
+    """`folder/name` as a regular file that stays inside the folder, else CheckpointError.
+
+    A name with a path separator or '..', a special file (a FIFO, /dev/zero) and a symlink that leaves
+    the folder are refused. The one symlink allowed is a huggingface_hub cache snapshot's link to its
+    blob (snapshots/<rev>/<file> → ../../blobs/<sha>), which stays in the repo's cache folder."""
+    folder = Path(folder)
+    if not name or name != Path(name).name or name in (".", ".."):
+        raise CheckpointError(f"{folder}: file name {name!r} is not a plain file name; refusing it")
+    path = folder / name
+    if path.is_symlink():
+        target, cache_repo = path.resolve(), folder.resolve().parent.parent
+        if folder.resolve().parent.name != "snapshots" or cache_repo / "blobs" != target.parent:
+            raise CheckpointError(f"{path} is a symbolic link out of the checkpoint; refusing it")
+        path = target
+    if not path.exists():
+        raise CheckpointError(f"{folder}: file {name} is missing")
+    if not path.is_file():
+        raise CheckpointError(f"{folder}: {name} is not a regular file; refusing it")
+    return path
+
+
 def git_commit() -> str:
     """HEAD of the source tree this code runs from, with "-dirty" when tracked files outside
     `release/` differ from it (the built checkpoint then comes from uncommitted code)."""
@@ -142,9 +164,7 @@ def read_checkpoint(folder: Path, map_location: str | torch.device = "cpu") -> C
         raise CheckpointError(f"{config_path}: format {config.get('format')!r}, expected {FORMAT!r}")
 
     for name, info in config.get("files", {}).items():
-        path = folder / name
-        if not path.exists():
-            raise CheckpointError(f"{folder}: file {name} is listed in {CONFIG} but missing")
+        path = contained_file(folder, name)  # no '..', no links out, no /dev/zero
         got = sha256_file(path)
         if got != info["sha256"]:
             raise CheckpointError(

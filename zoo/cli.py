@@ -63,7 +63,7 @@ def _register_variant_task(ckpt) -> None:
 
 def cmd_eval(args) -> int:
     import zoo
-    from zoo.evaluate import evaluate, gd_reference
+    from zoo.evaluate import gd_reference, rescore
     from zoo.tasks.frozen import load_split, load_split_from_hub
 
     ckpt = zoo.load(args.path, revision=args.revision, endpoint=args.endpoint)
@@ -76,7 +76,7 @@ def cmd_eval(args) -> int:
     else:
         split = load_split(ckpt.entry.task, "test")
     reference = gd_reference(ckpt.entry, task, ckpt.construction, recorded=ckpt.metrics)
-    metrics = evaluate(ckpt.model, task, split.batch(task), **reference)
+    metrics = rescore(ckpt, split)
     metrics["dataset"] = split.name
     metrics["dataset_sha256"] = split.sha256
     if args.input_scales:
@@ -255,9 +255,12 @@ def cmd_release(args) -> int:
 
 
 def cmd_quickstart(args) -> int:
-    from zoo.quickstart import run
+    from zoo.quickstart import run, run_release
 
-    run(Path(args.out), steps=args.steps)
+    if args.from_scratch:
+        run(Path(args.out), steps=args.steps)
+    else:
+        run_release(Path(args.out))
     return 0
 
 
@@ -467,9 +470,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="report", help="folder for report.md and report.png")
     s.set_defaults(fn=cmd_report)
 
-    s = sub.add_parser("quickstart", help="the zoo end to end on CPU in a few minutes")
+    s = sub.add_parser("quickstart", help="pull a released model from a served hub, stream it with ONNX, re-score it")
     s.add_argument("--out", default="quickstart-out")
-    s.add_argument("--steps", type=int, default=1500)
+    s.add_argument("--from-scratch", action="store_true",
+                   help="the second demo: construct θ_GD, train an LSA on CPU, publish and pull it back")
+    s.add_argument("--steps", type=int, default=1500, help="with --from-scratch: training steps")
     s.set_defaults(fn=cmd_quickstart)
     return p
 

@@ -187,3 +187,14 @@ def loop_curve(model, task: LinearRegressionTask, batch: TaskBatch, loops: list[
             rows.append({"loops": k, "damping": damping, "test_loss": task.loss(pred, batch.targets).item(),
                          "gd_loss": task.loss(gd_predict(batch, damping * eta, k), batch.targets).item()})
     return rows
+
+
+def rescore(ckpt, split=None) -> dict:
+    """Score a checkpoint on its frozen test split (hash-verified; or `split`) exactly as the build
+    scored it: the same reference GD, so `test_loss` reproduces the card's number."""
+    from zoo.tasks.frozen import load_split
+
+    task = ckpt.task
+    split = split if split is not None else load_split(ckpt.entry.task, "test")
+    reference = gd_reference(ckpt.entry, task, ckpt.construction, recorded=ckpt.metrics)
+    return evaluate(ckpt.model, task, split.batch(task), **reference)

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import zoo
-from zoo.checkpoint import CONFIG, CheckpointError, sha256_file
+from zoo.checkpoint import CONFIG, CheckpointError, contained_file, sha256_file
 from zoo.expected import check, verdict
 from zoo.registry import RegistryError, default_registry, get_entry, get_task_spec
 
@@ -44,7 +44,10 @@ class ReleaseError(ValueError):
 
 
 def release_dir() -> Path:
-    """The shipped release: `zoo/_release` in an installed wheel, `release/` in a source tree."""
+    """The shipped release: `zoo/_release` in an installed wheel, `release/` in a source tree
+    (or the folder in $ICL_ZOO_RELEASE)."""
+    if os.environ.get("ICL_ZOO_RELEASE"):
+        return Path(os.environ["ICL_ZOO_RELEASE"])
     here = Path(__file__).parent
     for candidate in (here / "_release", here.parent / "release"):
         if (candidate / INDEX_JSON).is_file():
@@ -59,11 +62,17 @@ def read_index(root: Path | None = None) -> dict:
     return json.loads(path.read_text())
 
 
-def entry_fingerprint(name: str) -> str:
-    """SHA-256 of an entry's definition and its task's: a change to either makes its release stale."""
-    entry = get_entry(name)
-    doc = {"entry": entry.model_dump(mode="json", exclude={"file"}), "task": get_task_spec(entry.task).model_dump(mode="json")}
+def fingerprint(entry: dict, task: dict) -> str:
+    """SHA-256 of what determines an entry's weights: its arch, its source (recipe or construction)
+    and its task. An entry built from another fingerprint than the registry's is stale."""
+    doc = {"arch": entry["arch"], "source": entry["source"], "task": task}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def entry_fingerprint(name: str) -> str:
+    """The registry's current fingerprint of entry `name`."""
+    entry = get_entry(name)
+    return fingerprint(entry.model_dump(mode="json"), get_task_spec(entry.task).model_dump(mode="json"))
 
 
 def unknown_entry_error(name: str) -> RegistryError:
@@ -79,9 +88,10 @@ def verify_folder(folder: Path, row: dict) -> None:
     recorded = row["files"]
     present = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
     for name, digest in recorded.items():
-        path = folder / name
-        if path.is_symlink() or not path.is_file():
-            raise ReleaseError(f"{folder}: {name} is missing or not a regular file")
+        try:
+            path = contained_file(folder, name)
+        except CheckpointError as e:
+            raise ReleaseError(str(e)) from None
         got = sha256_file(path)
         if got != digest:
             raise ReleaseError(f"{folder}: {name} has SHA-256 {got}, the release index records {digest}; refusing it")
@@ -237,11 +247,20 @@ def index_row(name: str, folder: Path, *, build_seconds: float | None = None, st
         "checks": [c.as_dict() for c in checks],
         "verdict": verdict(checks),
         "commit": prov.get("git_commit"),
-        "fingerprint": entry_fingerprint(name),
+        "fingerprint": fingerprint(config["entry"], config["task"]),  # what the weights were built from
         "files": {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file()},
     }
     row["note"] = shortfall_note(row)
     return row
+
+
+def run_summary(row: dict) -> str:
+    """How a released entry was made, in one line (steps run vs recipe, device)."""
+    if row["source"] != "trained":
+        return "constructed analytically (no training)"
+    short = row["steps"] < row["recipe_steps"]
+    return (f"trained {row['steps']:,} of the recipe's {row['recipe_steps']:,} steps on {row['device']}"
+            + (" — a shorter run than the paper's recipe" if short else " (the full recipe)"))
 
 
 def shortfall_note(row: dict) -> str:
@@ -411,7 +430,8 @@ def unpack_archive(path: Path, dest: Path) -> Path:
 
 
 # ---------------------------------------------------------------- hub
-def import_to_hub(hub_root: Path, root: Path | None = None, *, datasets: bool = True, progress: bool = True) -> dict:
+def import_to_hub(hub_root: Path, root: Path | None = None, *, only: list[str] | None = None, datasets: bool = True,
+                  progress: bool = True) -> dict:
     """Publish every released folder as model repo `icl-zoo/<entry>` and each task's frozen splits as
     dataset repo `icl-zoo/<task>` on the local hub at `hub_root`, each tagged with the release version."""
     from zoo.hub import dataset_folder, publish_local, tag_local
@@ -420,14 +440,14 @@ def import_to_hub(hub_root: Path, root: Path | None = None, *, datasets: bool = 
     index = read_index(root)
     version = index["version"]
     revisions = {"models": {}, "datasets": {}}
-    for name, row in index["entries"].items():
+    entries = {n: r for n, r in index["entries"].items() if only is None or n in only}
+    for name, row in entries.items():
         verify_folder(root / name, row)
         sha = publish_local(root / name, f"{ORG}/{name}", root=hub_root, message=f"icl-zoo release {version}")
         tag_local(hub_root, f"{ORG}/{name}", version)
         revisions["models"][name] = sha
     if datasets:
-        tasks = sorted({get_entry(n).task for n in index["entries"]})
-        for task in tasks:
+        for task in sorted({get_entry(n).task for n in entries}):
             with tempfile.TemporaryDirectory() as tmp:
                 folder, _ = dataset_folder(task, Path(tmp) / task)
                 sha = publish_local(folder, f"{ORG}/{task}", repo_type="dataset", root=hub_root,
