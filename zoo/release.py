@@ -440,7 +440,7 @@ def import_to_hub(hub_root: Path, root: Path | None = None, *, only: list[str] |
     index = read_index(root)
     version = index["version"]
     revisions = {"models": {}, "datasets": {}}
-    entries = {n: r for n, r in index["entries"].items() if only is None or n in only}
+    entries = {n: r for n, r in sorted(index["entries"].items()) if only is None or n in only}
     for name, row in entries.items():
         verify_folder(root / name, row)
         sha = publish_local(root / name, f"{ORG}/{name}", root=hub_root, message=f"icl-zoo release {version}")
@@ -474,11 +474,23 @@ def publish_release(org: str, *, hub: str = "hf", root: Path | None = None, toke
     endpoint = None if hub in ("hf", "huggingface") else hub
     api = HfApi(endpoint=endpoint, token=token)
     pushed = []
-    for name, row in index["entries"].items():
+
+    def tag(repo: str, kind: str) -> None:  # the version tag points at what was just pushed, moved if it existed
+        from huggingface_hub.utils import HfHubHTTPError
+
+        try:
+            api.create_tag(repo, tag=version, repo_type=kind)
+        except HfHubHTTPError as e:
+            if e.response is None or e.response.status_code != 409:
+                raise
+            api.delete_tag(repo, tag=version, repo_type=kind)
+            api.create_tag(repo, tag=version, repo_type=kind)
+
+    for name, row in sorted(index["entries"].items()):
         repo = validate_repo_id(f"{org}/{name}")
         verify_folder(root / name, row)
         publish_hub(root / name, repo, endpoint=endpoint, token=token, message=f"icl-zoo release {version}")
-        api.create_tag(repo, tag=version, repo_type="model", exist_ok=True)
+        tag(repo, "model")
         pushed.append((repo, "model"))
         if progress:
             print(f"  pushed {repo}@{version}", flush=True)
@@ -489,7 +501,7 @@ def publish_release(org: str, *, hub: str = "hf", root: Path | None = None, toke
                 folder, _ = dataset_folder(task, Path(tmp) / task)
                 publish_hub(folder, repo, repo_type="dataset", endpoint=endpoint, token=token,
                             message=f"icl-zoo release {version}")
-            api.create_tag(repo, tag=version, repo_type="dataset", exist_ok=True)
+            tag(repo, "dataset")
             pushed.append((repo, "dataset"))
     collection = api.create_collection(
         title=f"icl-zoo {version}", namespace=org, exists_ok=True,

@@ -1,0 +1,244 @@
+"""The release: every registry entry's checkpoint is shipped, served by the local hub, pulled with plain
+huggingface_hub, hash-verified, re-scored to its card's number and streamed through ONNX against torch."""
+
+import json
+import re
+import shutil
+import tarfile
+from pathlib import Path
+
+import httpx
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+import zoo
+from zoo import hub, release
+from zoo.checkpoint import read_checkpoint
+from zoo.evaluate import rescore
+from zoo.expected import check
+from zoo.registry import RegistryError, default_registry
+from zoo.tasks.frozen import load_split_from_hub
+
+INDEX = release.read_index()
+RELEASED = sorted(INDEX["entries"])
+STREAMED = 64  # test prompts streamed per entry (the re-score uses the whole split)
+
+
+def test_every_registry_entry_is_released_and_current():
+    registry = default_registry().entries
+    assert RELEASED == sorted(registry), f"not released: {sorted(set(registry) - set(RELEASED))}"
+    assert INDEX["version"] == release.VERSION
+    stale = [n for n, row in INDEX["entries"].items() if row["fingerprint"] != release.entry_fingerprint(n)]
+    assert not stale, f"built from an older recipe/arch/task: {stale}; rebuild with `zoo release build`"
+    assert (release.release_dir() / release.INDEX_MD).read_text() == release.index_markdown(INDEX), \
+        "INDEX.md is not what index.json generates: run `zoo release refresh`"
+
+
+def test_release_size_is_within_budget():
+    total = sum(p.stat().st_size for p in release.release_dir().rglob("*") if p.is_file())
+    assert total < 40 * 2**20, f"release is {total / 2**20:.1f} MiB (budget 40 MiB)"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The shipped release imported into a fresh local hub and served by olah."""
+    root = tmp_path_factory.mktemp("release-hub")
+    release.import_to_hub(root / "hub", progress=False)
+    with hub.serve(root / "hub") as endpoint:
+        yield {"endpoint": endpoint, "cache": root / "hf-cache", "splits": {}}
+
+
+def _test_split(served, ckpt):
+    task = ckpt.entry.task
+    if task not in served["splits"]:  # one datasets.load_dataset per task, content hash checked
+        served["splits"][task] = load_split_from_hub(
+            f"{release.ORG}/{task}", split="test", revision=INDEX["version"], endpoint=served["endpoint"],
+            expected_sha256=ckpt.provenance["dataset_hashes"]["test"])
+    return served["splits"][task]
+
+
+@pytest.mark.parametrize("name", RELEASED)
+def test_released_entry_pulls_rescores_and_streams(served, name):
+    from huggingface_hub import snapshot_download
+
+    row = INDEX["entries"][name]
+    folder = Path(snapshot_download(f"{release.ORG}/{name}", revision=INDEX["version"], endpoint=served["endpoint"],
+                                    cache_dir=served["cache"]))
+    release.verify_folder(folder, row)  # every file, config.json and the card included
+    ckpt = read_checkpoint(folder)
+    card = json.loads((folder / "eval_results.json").read_text())
+
+    # The card's number, reproduced on the frozen split pulled with datasets.load_dataset. Same torch
+    # and float32 kernels: only the summation order can differ between machines (~1e-7 relative).
+    split = _test_split(served, ckpt)
+    metrics = rescore(ckpt, split)
+    assert metrics["test_loss"] == pytest.approx(card["test_loss"], rel=1e-6, abs=1e-12)
+    assert row["test_loss"] == card["test_loss"]
+    assert f"{card['test_loss']:.6g}" in (folder / "README.md").read_text()
+    if ckpt.entry.source.kind == "constructed":  # constructions must meet the papers' values
+        failed = [c for c in check(ckpt.entry, metrics) if not c.meets]
+        assert not failed, failed
+
+    # ONNX against torch on the test prompts: whole-sequence graph, and the step graph token by token.
+    # fp32 graphs vs the fp32 torch model: rounding differences of a few ulps times the output scale.
+    tokens = split.batch(ckpt.task).tokens[:STREAMED]
+    with torch.no_grad():
+        reference = ckpt.model.float()(tokens).numpy()
+    tol = 1e-4 * max(1.0, float(np.abs(reference).max()))
+    sequence = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+    (out,) = sequence.run(None, {"tokens": tokens.numpy()})
+    np.testing.assert_allclose(out, reference, atol=tol, rtol=0)
+    if (folder / "model_step.onnx").exists():
+        from export import StreamingSession
+
+        session = StreamingSession(folder)
+        session.reset(tokens.shape[0])
+        steps = np.stack([session.push(tokens[:, t].numpy()) for t in range(tokens.shape[1])], axis=1)
+        np.testing.assert_allclose(steps, reference, atol=tol, rtol=0)
+    else:
+        assert not getattr(ckpt.model, "recurrent", False), "a recurrent entry must ship its step graph"
+
+
+# ---------------------------------------------------------------- loading by bare name, offline
+def test_bare_name_loads_the_shipped_release_offline(monkeypatch):
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    name = "gated-rnn-zucchet-icl"
+    ckpt = zoo.load(name)
+    assert ckpt.entry.name == name
+    assert ckpt.metrics["test_loss"] == INDEX["entries"][name]["test_loss"]
+    assert zoo.load(name).model.state_dict().keys() == ckpt.model.state_dict().keys()
+
+
+def test_unknown_bare_name_suggests_registry_names():
+    with pytest.raises(RegistryError, match="did you mean gated-rnn-zucchet-icl"):
+        zoo.load("gated-rnn-zuchet-icl")
+
+
+def test_bare_name_never_rebuilds(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    monkeypatch.setenv("ICL_ZOO_RELEASE", str(tmp_path / "empty"))
+    with pytest.raises(release.ReleaseError, match="not in the release shipped"):
+        zoo.load("lsa-gd-zucchet-icl")
+    assert not (tmp_path / "empty").exists()
+
+
+@pytest.fixture
+def small_release(tmp_path):
+    """A copy of two released entries with their index rows."""
+    root = tmp_path / "release"
+    names = ["lsa-gd-zucchet-icl", "gated-rnn-zucchet-icl"]
+    for n in names:
+        shutil.copytree(release.release_dir() / n, root / n)
+    index = {"version": INDEX["version"], "entries": {n: INDEX["entries"][n] for n in names}}
+    (root / release.INDEX_JSON).write_text(json.dumps(index))
+    return root
+
+
+@pytest.mark.parametrize("tamper", ["card", "config", "extra-file", "symlink"])
+def test_tampered_released_folder_is_refused(small_release, monkeypatch, tamper):
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    monkeypatch.setenv("ICL_ZOO_RELEASE", str(small_release))
+    folder = small_release / "lsa-gd-zucchet-icl"
+    if tamper == "card":
+        (folder / "README.md").write_text("# edited\n")
+    elif tamper == "config":
+        config = json.loads((folder / "config.json").read_text())
+        config["construction"]["eta"] = 1.0
+        (folder / "config.json").write_text(json.dumps(config))
+    elif tamper == "extra-file":
+        (folder / "payload.py").write_text("print('hi')\n")
+    else:
+        target = folder / "README.md"
+        target.unlink()
+        target.symlink_to("/etc/hostname")
+    with pytest.raises(release.ReleaseError):
+        zoo.load("lsa-gd-zucchet-icl")
+    zoo.load("gated-rnn-zucchet-icl")  # the untouched entry still loads
+
+
+# ---------------------------------------------------------------- cards
+def _python_blocks(markdown: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", markdown, flags=re.S)
+
+
+@pytest.mark.parametrize("name", ["gated-rnn-zucchet-icl", "lsa-gd-d10-c10", "softmax-tf-1l-d10-c10"])
+def test_card_snippets_run_verbatim(name, monkeypatch, capsys):
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    card = (release.release_dir() / name / "README.md").read_text()
+    head = card.split("---", 2)[2][:1500]  # the first lines: what, which paper, measured vs paper
+    assert "**What it does.**" in head and "**Reproduces**" in head and "**Measured**" in head
+    assert "pipeline_tag: tabular-regression" in card and "arxiv:" in card
+    blocks = _python_blocks(card)
+    assert blocks, "a card without a usage snippet"
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, f"{name}/README.md", "exec"), namespace)
+    printed = capsys.readouterr().out
+    assert f"{INDEX['entries'][name]['test_loss']}"[:8] in printed  # rescore printed the card's loss
+
+
+# ---------------------------------------------------------------- archive
+def test_archive_roundtrip_and_hostile_members(small_release, tmp_path):
+    archive = release.write_archive(small_release, tmp_path / "release.tar.gz")
+    dest = release.unpack_archive(archive, tmp_path / "unpacked" / "release")
+    for name, row in json.loads((small_release / release.INDEX_JSON).read_text())["entries"].items():
+        release.verify_folder(dest / name, row)
+
+    evil = tmp_path / "evil.tar.gz"
+    with tarfile.open(evil, "w:gz") as tar:
+        tar.add(small_release / release.INDEX_JSON, arcname="release/../../escaped.json")
+    with pytest.raises(release.ReleaseError, match="refusing archive member"):
+        release.unpack_archive(evil, tmp_path / "other" / "release")
+    assert not (tmp_path / "escaped.json").exists()
+
+
+# ---------------------------------------------------------------- the real Hub, at the HTTP boundary
+class FakeHub:
+    """Answers the Hub API calls of `zoo release publish`: repos, commits, tags, a collection."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        self.calls.append((request.method, path))
+        collection = {"slug": "org/icl-zoo-v0-1", "title": "icl-zoo", "owner": {"name": "org"}, "items": [],
+                      "lastUpdated": "2026-01-01T00:00:00.000Z", "position": 0, "private": False,
+                      "theme": "blue", "upvotes": 0}
+        if path == "/api/repos/create":
+            body = json.loads(request.content)
+            return httpx.Response(200, json={"url": f"https://hub.test/{body['organization']}/{body['name']}"})
+        if path == "/api/validate-yaml":
+            return httpx.Response(200, json={"errors": [], "warnings": []})
+        if path.endswith("/preupload/main"):
+            files = json.loads(request.content)["files"]
+            return httpx.Response(200, json={"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]})
+        if path.endswith("/commit/main"):
+            return httpx.Response(200, json={"commitUrl": "https://hub.test/c/" + "b" * 40, "commitOid": "b" * 40})
+        if path.endswith("/tag/main"):
+            return httpx.Response(200, json={})
+        if path in ("/api/collections", "/api/collections/org/icl-zoo-v0-1/items"):
+            return httpx.Response(200, json=collection)
+        return httpx.Response(404, json={"error": f"unexpected call {path}"})
+
+
+def test_release_publish_pushes_tags_and_collects(small_release):
+    from huggingface_hub import set_client_factory
+    from huggingface_hub.utils import _http
+
+    fake = FakeHub()
+    previous = _http._GLOBAL_CLIENT_FACTORY
+    set_client_factory(lambda: httpx.Client(transport=httpx.MockTransport(fake)))
+    try:
+        out = release.publish_release("org", hub="https://hub.test", root=small_release, token="hf_test", progress=False)
+    finally:
+        set_client_factory(previous)
+    paths = [p for _, p in fake.calls]
+    assert out["repos"] == ["org/gated-rnn-zucchet-icl", "org/lsa-gd-zucchet-icl", "org/zucchet-icl"]
+    for repo, kind in (("org/gated-rnn-zucchet-icl", "models"), ("org/lsa-gd-zucchet-icl", "models"),
+                       ("org/zucchet-icl", "datasets")):
+        assert f"/api/{kind}/{repo}/commit/main" in paths
+        assert f"/api/{kind}/{repo}/tag/main" in paths
+    assert paths.count("/api/collections/org/icl-zoo-v0-1/items") == 3
