@@ -70,8 +70,29 @@ def _export(module, args, path: Path, input_names, output_names, dynamic_shapes)
         onnx_logger.setLevel(level)
 
 
+CONTRACT_VERSION = "1"
+
+
+def contract(props: dict) -> str:
+    """The graph's contract in words, stored as the model's doc_string (shown by Netron and onnx tools)."""
+    r = props["readout"]
+    pick = f"{'−' if r['sign'] < 0 else ''}out[..., {r['start']}:{r['stop']}] of the {'last' if r['position'] == -1 else 'position ' + str(r['position'])} token"
+    head = f"icl-zoo graph contract v{CONTRACT_VERSION}: entry {props['entry']}, float32. Prediction (task read-out): {pick}."
+    if props["graph"] == "step":
+        states = ", ".join(f"{s['input']} → {s['output']} {s['shape']}" for s in props["state_layout"])
+        return (f"{head} Step graph: token (batch, {props['d_in']}) and state_in.* → out (batch, {props['d_out']}) and "
+                f"state_out.*; feed state_out back as state_in. The initial state is all zeros. States: {states}. "
+                "Valid for any stream length.")
+    time = props["time"]
+    valid = (f"Exact for T in {time}; where a scan bounds it, a longer input raises (Gather out of bounds) rather "
+             "than returning wrong numbers — stream longer sequences through model_step.onnx") if isinstance(time, str) else             f"T = {time} exactly (fixed by fused kernels); other lengths are refused by shape checks"
+    return f"{head} Sequence graph: tokens (batch, T, {props['d_in']}) → out (batch, T, {props['d_out']}), causal. {valid}."
+
+
 def _metadata(path: Path, props: dict) -> None:
     m = onnx.load(str(path))
+    m.doc_string = contract(props)
+    props = {**props, "contract_version": CONTRACT_VERSION}
     for key, value in props.items():
         entry = m.metadata_props.add()
         entry.key = f"icl_zoo.{key}"

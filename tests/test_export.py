@@ -202,3 +202,28 @@ def test_read_tokens_formats(tmp_path):
     (tmp_path / "bad.jsonl").write_text("[1, 2]\nnot json\n")
     with pytest.raises(ValueError, match="expected JSON lines"):
         read_tokens(str(tmp_path / "bad.jsonl"))
+
+
+@pytest.mark.parametrize("name", ["gated-rnn-gd-zucchet-icl", "lru-out-zucchet-icl", "gd-ssm-gd-nd"])
+def test_sequence_graph_refuses_lengths_past_its_scan(name, tmp_path):
+    """A whole-sequence graph traced with EXPORT_MAX_LEN doublings is exact up to that length and
+    raises past it, under plain onnxruntime (no zoo code between the user and the graph)."""
+    import onnxruntime as ort
+
+    from zoo.models.scan import EXPORT_MAX_LEN
+    from zoo.registry import get_entry
+
+    entry = get_entry(name)
+    task = get_task_spec(entry.task).build()
+    torch.manual_seed(0)
+    model = create_model(entry.arch, task)
+    path = export_sequence(model, tmp_path / "model.onnx", entry_name=name, seq_len=task.n_tokens)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    tokens = 0.3 * torch.randn(1, EXPORT_MAX_LEN, model.d_in)
+    (out,) = session.run(None, {"tokens": tokens.numpy()})
+    with torch.no_grad():
+        reference = model(tokens).numpy()
+    assert np.abs(out - reference).max() <= 1e-4 * max(1.0, np.abs(reference).max())
+    longer = 0.3 * torch.randn(1, EXPORT_MAX_LEN + 1, model.d_in)
+    with pytest.raises(Exception, match="out of data bounds"):
+        session.run(None, {"tokens": longer.numpy()})

@@ -38,6 +38,16 @@ def sequential_scan(a: torch.Tensor, b: torch.Tensor, *, complex_pairs: bool = F
 EXPORT_MAX_LEN = 2**12
 
 
+def length_guard(x: torch.Tensor) -> torch.Tensor:
+    """1, read from a constant of EXPORT_MAX_LEN ones at index T − 1 (T = x.shape[1]).
+
+    Multiplying a scan's input by it changes nothing, but in an exported graph it is a Gather
+    whose index runs out of bounds when T > EXPORT_MAX_LEN: ONNX Runtime then raises
+    ("indices element out of data bounds") instead of returning a scan that stopped early."""
+    ones = torch.ones(EXPORT_MAX_LEN, dtype=x.dtype, device=x.device)
+    return ones[x.shape[1] - 1]
+
+
 def _delay(x: torch.Tensor, offset: int, fill: float) -> torch.Tensor:
     """x delayed by `offset` steps along time (dim 1), the first `offset` entries `fill`.
     (Written with pad, not cat: an exported graph keeps T symbolic.)"""
@@ -59,7 +69,10 @@ def parallel_scan(a: torch.Tensor, b: torch.Tensor, *, complex_pairs: bool = Fal
     T = b.shape[1]
     # An exported graph cannot branch on its dynamic T, so it gets enough doublings for
     # EXPORT_MAX_LEN; doublings past T leave the result unchanged.
-    limit = EXPORT_MAX_LEN if torch.compiler.is_exporting() else T
+    exporting = torch.compiler.is_exporting()
+    limit = EXPORT_MAX_LEN if exporting else T
+    if exporting:  # make a longer input fail loudly instead of returning a partial scan
+        b = b * length_guard(b)
     offset = 1
     while offset < limit:
         # position t absorbs the prefix ending at t − offset (identity map (1, 0) before the start)
