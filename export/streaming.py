@@ -28,14 +28,11 @@ def _resolve(path_or_repo: str | Path, revision: str | None, endpoint: str | Non
     p = Path(path_or_repo)
     if p.is_file():
         return p
-    if p.is_dir():
-        folder = p
-    else:  # a Hub repo id or a released entry's bare name
-        from zoo.checkpoint import read_checkpoint
-        from zoo.release import resolve
+    from zoo.checkpoint import verify_files
+    from zoo.release import resolve
 
-        folder = resolve(str(path_or_repo), revision=revision, endpoint=endpoint)
-        read_checkpoint(folder)  # verifies every recorded hash, the ONNX files included
+    folder = p if p.is_dir() else resolve(str(path_or_repo), revision=revision, endpoint=endpoint)
+    verify_files(folder)  # every recorded hash, the ONNX graphs included, before a session runs them
     step = folder / STEP_FILE
     if not step.exists():
         raise FileNotFoundError(f"{folder} has no {STEP_FILE}: the model is not recurrent or was not exported (zoo export)")

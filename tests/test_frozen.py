@@ -70,3 +70,57 @@ def test_split_this_machine_generates_differently_is_refused(monkeypatch):
         load_split("zucchet-icl", "validation")
     assert path.read_bytes() == edited  # refused without touching the cache
     path.write_bytes(before)
+
+
+def test_task_variant_split_is_hash_checked_on_reload():
+    """A variant has no registered hash: its cached copy is checked against the split regenerated
+    from its seed, so a cached split with y = 0 (which would score loss 0) is never used."""
+    from zoo.registry import task_variant
+
+    name = task_variant("zucchet-icl", {"n_context": 7})
+    split = load_split(name, "test")
+    path = cache_dir() / "datasets" / name / "test" / "data.parquet"
+    save_split(split.x, np.zeros_like(split.y), path.parent)
+    with pytest.warns(UserWarning, match="regenerated it from seed"):
+        again = load_split(name, "test")
+    assert again.sha256 == split.sha256 and np.array_equal(again.y, split.y)
+
+
+def test_rebuild_keeps_a_tampered_copy():
+    split = load_split("zucchet-icl", "test")
+    path = cache_dir() / "datasets" / "zucchet-icl" / "test" / "data.parquet"
+    x = split.x.copy()
+    x[0, 0, 0] += 1
+    save_split(x, split.y, path.parent)
+    with pytest.warns(UserWarning, match="kept as"):
+        load_split("zucchet-icl", "test", rebuild=True)
+    assert path.with_name(f"data.parquet.mismatch-{content_hash(x, split.y)[:12]}").is_file()
+
+
+@pytest.mark.parametrize("bad", ["../../../../tmp/x", "x/../../y", "/etc", "A B", "..", "zucchet-icl/../x"])
+def test_task_names_never_become_paths_unchecked(bad, tmp_path):
+    from zoo.tasks.frozen import safe_name
+
+    with pytest.raises(ValueError, match="not a safe name"):
+        safe_name(bad)
+
+
+def test_concurrent_loads_of_a_tampered_split_all_succeed():
+    """Three processes open the same tampered cached split at once: one repairs it under a lock,
+    the others wait and read the repaired copy (none crashes)."""
+    import os
+    import subprocess
+    import sys
+
+    split = load_split("zucchet-icl", "validation")
+    path = cache_dir() / "datasets" / "zucchet-icl" / "validation" / "data.parquet"
+    x = split.x.copy()
+    x[0, 0, 0] += 1
+    save_split(x, split.y, path.parent)
+    code = ("import warnings; warnings.simplefilter('ignore'); from zoo.tasks.frozen import load_split; "
+            "print(load_split('zucchet-icl', 'validation').sha256)")
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=dict(os.environ)) for _ in range(3)]
+    results = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [r[1][-500:] for r in results]
+    assert {r[0].strip() for r in results} == {split.sha256}

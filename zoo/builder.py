@@ -57,6 +57,7 @@ def build(
         construction = _initialise(entry, model, task, validation)
         if out is None:
             raise ValueError("training needs an output folder (out=...) for its resumable state")
+        claim_run_dir(Path(out) / TRAIN_DIR, entry, spec, seed=seed, steps=steps or recipe.steps)
         result = train(
             model, task, recipe, run_dir=Path(out) / TRAIN_DIR, validation_batch=validation.batch(task),
             steps=steps, seed=seed, device=dev, progress=progress,
@@ -68,10 +69,47 @@ def build(
     return _evaluate_and_save(entry, spec, model, prov, construction, history, out, validation, test)
 
 
+RUN_IDENTITY = "run.json"
+
+
+def claim_run_dir(run_dir: Path, entry: Entry, spec, *, seed: int, steps: int, members: list[int] | None = None) -> None:
+    """Record which run a resumable training state belongs to, or refuse a state that belongs to
+    another one (another entry, recipe, task, seed or step count): resuming it would save that
+    run's weights under this run's name."""
+    import hashlib
+    import json
+
+    identity = {
+        "entry": entry.name,
+        "definition": hashlib.sha256(json.dumps(
+            {"arch": entry.arch.model_dump(mode="json"), "source": entry.source.model_dump(mode="json"),
+             "task": spec.model_dump(mode="json")}, sort_keys=True).encode()).hexdigest(),
+        "seed": seed if members is None else members,
+        "steps": steps,
+    }
+    path = Path(run_dir) / RUN_IDENTITY
+    if path.exists():
+        try:
+            recorded = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            recorded = None
+        if recorded != identity:
+            differs = [k for k in identity if not isinstance(recorded, dict) or recorded.get(k) != identity[k]]
+            raise ValueError(
+                f"{run_dir} holds the training state of another run ({', '.join(differs) or 'unreadable record'} "
+                f"differ: {recorded} vs {identity}); resuming it would mislabel its weights. "
+                f"Delete {run_dir} to start fresh, or build into another folder.")
+    elif any(Path(run_dir).glob("train_state*")):
+        raise ValueError(f"{run_dir} holds a training state with no record of its run; delete {run_dir} to start fresh")
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(identity, indent=1))
+
+
 def _evaluate_and_save(entry, spec, model, prov, construction, history, out, validation, test) -> Checkpoint:
     task = spec.build()
     reference = gd_reference(entry, task, construction, validation.batch(task, dtype=torch.float64))
     metrics = evaluate(model, task, test.batch(task), **reference)
+    _warn_if_diverged(entry, metrics)
     if construction and "eta" in construction:
         metrics["construction_eta"] = construction["eta"]
     ckpt = Checkpoint(model=model, entry=entry, task_spec=spec, provenance=prov,
@@ -79,6 +117,19 @@ def _evaluate_and_save(entry, spec, model, prov, construction, history, out, val
     if out is not None:
         ckpt.save_pretrained(out)
     return ckpt
+
+
+def _warn_if_diverged(entry, metrics: dict) -> None:
+    """A finite but absurd test loss (e.g. `--set source.lr=1e3`) is saved, but never without a word."""
+    import math
+    import warnings
+
+    loss, reference = metrics.get("test_loss"), metrics.get("gd_loss")
+    if loss is None or not math.isfinite(loss):
+        raise ValueError(f"entry '{entry.name}': the test loss is {loss}; refusing to save a checkpoint")
+    if reference and loss > 10 * reference:
+        warnings.warn(f"entry '{entry.name}': test loss {loss:.4g} is {loss / reference:.3g}× the {metrics.get('gd_steps', 1)}-step "
+                      "GD loss: the run probably diverged or did not train (check the recipe's lr)", stacklevel=3)
 
 
 def _initialise(entry, model, task, validation) -> dict | None:
@@ -122,6 +173,7 @@ def build_ensemble(
         constructions.append(_initialise(entry, model, task, validation))
         return model
 
+    claim_run_dir(Path(run_dir), entry, spec, seed=seeds[0], steps=steps or entry.source.steps, members=list(seeds))
     result = train_ensemble(make_member, task, entry.source, seeds, run_dir=Path(run_dir),
                             validation_batch=validation.batch(task), steps=steps, device=dev, progress=progress)
     construction = constructions[0] if constructions else None

@@ -151,28 +151,44 @@ class Checkpoint(
         return read_checkpoint(folder)
 
 
-def read_checkpoint(folder: Path, map_location: str | torch.device = "cpu") -> Checkpoint:
+def verify_files(folder: Path) -> dict:
+    """Check a checkpoint folder without building its model: config.json parses, has this format,
+    and every file it lists (weights and ONNX graphs) is a regular file inside the folder with
+    the recorded SHA-256. Returns the config. Every path that opens a checkpoint starts here."""
     folder = Path(folder)
-    config_path = folder / CONFIG
-    if not config_path.exists():
+    if not (folder / CONFIG).exists() and not (folder / CONFIG).is_symlink():
         raise CheckpointError(f"{folder}: no {CONFIG}; not an icl-zoo checkpoint")
+    config_path = contained_file(folder, CONFIG)
     try:
         config = json.loads(config_path.read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{config_path}: not valid JSON ({e})") from None
-    if config.get("format") != FORMAT:
-        raise CheckpointError(f"{config_path}: format {config.get('format')!r}, expected {FORMAT!r}")
-
-    for name, info in config.get("files", {}).items():
+    if not isinstance(config, dict) or config.get("format") != FORMAT:
+        raise CheckpointError(f"{config_path}: format {config.get('format') if isinstance(config, dict) else None!r}, expected {FORMAT!r}")
+    files = config.get("files", {})
+    if not isinstance(files, dict):
+        raise CheckpointError(f"{config_path}: 'files' must map file names to hashes")
+    for name, info in files.items():
         path = contained_file(folder, name)  # no '..', no links out, no /dev/zero
         got = sha256_file(path)
-        if got != info["sha256"]:
+        if not isinstance(info, dict) or got != info.get("sha256"):
             raise CheckpointError(
-                f"{folder}: {name} has SHA-256 {got}, but {CONFIG} records {info['sha256']}; "
+                f"{folder}: {name} has SHA-256 {got}, but {CONFIG} records "
+                f"{info.get('sha256') if isinstance(info, dict) else info}; "
                 "the file was modified or corrupted — refusing to load it"
             )
-    if WEIGHTS not in config.get("files", {}):
+    if WEIGHTS not in files:
         raise CheckpointError(f"{folder}: {CONFIG} records no hash for {WEIGHTS}")
+    for graph in ("model.onnx", "model_step.onnx"):
+        if (folder / graph).exists() and graph not in files:
+            raise CheckpointError(f"{folder}: {graph} is not listed in {CONFIG} with a hash; refusing to run it")
+    return config
+
+
+def read_checkpoint(folder: Path, map_location: str | torch.device = "cpu") -> Checkpoint:
+    folder = Path(folder)
+    config = verify_files(folder)
+    config_path = folder / CONFIG
 
     from pydantic import ValidationError
 

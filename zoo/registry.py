@@ -24,7 +24,20 @@ class RegistryError(ValueError):
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No inf/NaN anywhere (`lr = inf` is a typo, not a recipe); unknown fields are errors.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, data):
+        """TOML `hidden = true` would otherwise become 1."""
+        if isinstance(data, dict):
+            for key, value in data.items():
+                field = cls.model_fields.get(key)
+                if field is not None and isinstance(value, bool) and field.annotation is not bool \
+                        and bool not in get_args(field.annotation):
+                    raise ValueError(f"field '{key}': {value!r} is a boolean, not a number")
+        return data
 
 
 # ---------------------------------------------------------------------------- tasks
@@ -188,6 +201,16 @@ class TrainRecipe(Strict):
     init: Literal["gd", "gd_ssm"] | None = None  # start from this construction (analytic η) instead of random weights
     freeze: list[str] = []  # parameter-name prefixes left as initialised (e.g. the constructed layers)
 
+    @model_validator(mode="after")
+    def _sane_schedule(self):
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"betas {tuple(self.betas)} must each lie in [0, 1)")
+        if self.final_lr > self.lr:
+            raise ValueError(f"final_lr {self.final_lr:g} exceeds the peak lr {self.lr:g}")
+        if self.warmup_steps > self.steps:
+            raise ValueError(f"warmup_steps {self.warmup_steps} exceeds steps {self.steps}")
+        return self
+
     def frozen(self, name: str) -> bool:
         """Is parameter `name` frozen? (Ensembles escape dots as '__'.)"""
         return any(name == f or name.startswith((f + ".", f + "__")) for f in self.freeze)
@@ -235,6 +258,13 @@ class Entry(Strict):
         if not KEBAB.match(v):
             raise ValueError(f"name {v!r} must be kebab-case (lowercase letters, digits, '-')")
         return v
+
+    @field_validator("task")
+    @classmethod
+    def _task_is_a_safe_name(cls, v: str) -> str:
+        from zoo.tasks.frozen import safe_name
+
+        return safe_name(v)  # it names a cache folder: a config.json from a Hub must not escape it
 
 
 TASK_ADAPTER = TypeAdapter(TaskSpec)
@@ -325,6 +355,9 @@ def load_registry(directory: Path = ENTRIES_DIR) -> Registry:
         if unknown:
             errors.append(f"{file.name}: unknown top-level table(s) {sorted(unknown)}; expected [tasks.*] and [models.*]")
         for name, raw in doc.get("tasks", {}).items():
+            if not KEBAB.match(name):
+                errors.append(f"{file.name}: task '{name}': the name must be kebab-case (lowercase letters, digits, '-')")
+                continue
             if name in tasks:
                 errors.append(f"{file.name}: task '{name}': duplicate name")
                 continue
@@ -390,6 +423,12 @@ def task_variant(base: str, overrides: dict[str, object]) -> str:
         return base
     registry = default_registry()
     name = base + "".join(f"--{k}={v}" for k, v in overrides.items())
+    from zoo.tasks.frozen import safe_name
+
+    try:
+        safe_name(name, "task variant")
+    except ValueError as e:
+        raise RegistryError(f"task '{base}': overrides {overrides}: {e}") from None
     data = registry.task(base).model_dump(mode="json")
     for key, value in overrides.items():
         if key == "splits" or key not in data:

@@ -110,6 +110,14 @@ def save_state(run_dir: Path, model, opt, generator: torch.Generator | list[torc
 
 
 def load_state(run_dir: Path, model, opt, generator: torch.Generator | list[torch.Generator]) -> tuple[int, list[dict]]:
+    try:
+        return _load_state(run_dir, model, opt, generator)
+    except Exception as e:  # a truncated, edited or foreign file: say so, not a traceback from deep inside
+        raise ValueError(f"{run_dir}: the resumable training state cannot be restored ({type(e).__name__}: {e}); "
+                         f"delete {run_dir} to start this run fresh") from None
+
+
+def _load_state(run_dir: Path, model, opt, generator) -> tuple[int, list[dict]]:
     tensors = load_file(str(run_dir / STATE_FILE))
     meta = json.loads((run_dir / META_FILE).read_text())
     device = next(model.parameters()).device
@@ -207,6 +215,9 @@ def train(
             "run the same command again to resume"
         ) from None
     bar.close()
+    if not _params_finite(model):  # the loss of the last step was finite, its update was not
+        raise TrainingDiverged(f"the weights are NaN/inf after the last step ({total}); the last good training state "
+                               f"(step {last_saved_step(run_dir)}) is kept in {run_dir}")
     return TrainResult(steps=total, history=history, resumed_from=resumed_from)
 
 

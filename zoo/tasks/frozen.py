@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,26 +128,71 @@ def verify(x: np.ndarray, y: np.ndarray, expected: str | None, name: str) -> str
     return got
 
 
+SAFE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.=-]{0,199}$")
+
+
+def safe_name(name: str, what: str = "task name") -> str:
+    """A name that may become a path component: lowercase letters, digits and - _ . =, no '..'.
+    Task names come from registry files, sweep overrides and downloaded config.json files alike."""
+    if not isinstance(name, str) or not SAFE_NAME.match(name) or ".." in name:
+        raise ValueError(f"{what} {name!r} is not a safe name (lowercase letters, digits, '-', '_', '.', '='; "
+                         "no '/', no '..'); refusing to use it as a path")
+    return name
+
+
+@contextmanager
+def _locked(folder: Path):
+    """An exclusive lock on a cache folder: concurrent processes repair or build a split one at a time."""
+    import fcntl
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def load_split(task_name: str, split: str, *, rebuild: bool = False) -> FrozenSplit:
-    """The registry's frozen split, from the cache (built on first use), hash-verified."""
+    """The registry's frozen split, from the cache (built on first use), hash-verified.
+
+    A split with no registered hash (a task variant such as `--set task.n_context=20`) is checked
+    against the hash of the split regenerated from its seed: a cached copy is never trusted as is."""
     from zoo.registry import get_task_spec
 
     spec = get_task_spec(task_name)
     if split not in spec.splits:
         raise KeyError(f"task {task_name!r} has no split {split!r}; it has {sorted(spec.splits)}")
     s = spec.splits[split]
-    folder = cache_dir() / "datasets" / task_name / split
+    folder = cache_dir() / "datasets" / safe_name(task_name) / split
     path = folder / "data.parquet"
     name = f"{task_name}/{split}"
-    if rebuild or not path.exists():
-        save_split(*_generate_verified(spec, s, name), folder)
-    x, y = read_parquet_arrays(path)
-    got = content_hash(x, y)
-    if s.sha256 is not None and got != s.sha256:
-        _replace_mismatched_cache(path, got, spec, s, name)
+    generated = None
+    expected = s.sha256
+    if expected is None:
+        generated = _generate_verified(spec, s, name)
+        expected = content_hash(*generated)
+    if not rebuild and path.is_file():
+        try:  # another process may be repairing it right now: then take the locked path below
+            x, y = read_parquet_arrays(path)
+        except (OSError, ValueError):
+            x = y = None
+        if x is not None and (got := content_hash(x, y)) == expected:
+            return FrozenSplit(name=name, x=x, y=y, sha256=got)
+    with _locked(folder):  # build, rebuild or repair; the first process does it, the others find it done
+        old_hash = None
+        if path.is_file():
+            x, y = read_parquet_arrays(path)
+            old_hash = content_hash(x, y)
+            if old_hash == expected and not rebuild:
+                return FrozenSplit(name=name, x=x, y=y, sha256=old_hash)
+        x, y = generated or _generate_verified(spec, s, name)  # refuses, touching nothing, if it cannot match
+        if old_hash is not None and old_hash != expected:
+            _set_aside(path, old_hash, name, expected, s.seed)
+        save_split(x, y, folder)
         x, y = read_parquet_arrays(path)
-        got = verify(x, y, s.sha256, name)
-    return FrozenSplit(name=name, x=x, y=y, sha256=got)
+    return FrozenSplit(name=name, x=x, y=y, sha256=verify(x, y, expected, name))
 
 
 def _generate_verified(spec, s, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -156,19 +203,15 @@ def _generate_verified(spec, s, name: str) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def _replace_mismatched_cache(path: Path, old_hash: str, spec, s, name: str) -> None:
-    """A cached split whose hash is not the registry's (edited, or written by an older zoo) is
-    only a cache: regenerate it from its seed and keep the old file beside it under a
-    `.mismatch-<hash>` name. If this machine cannot regenerate the registered hash, refuse,
-    touching nothing."""
+def _set_aside(path: Path, old_hash: str, name: str, expected: str, seed: int) -> None:
+    """A cached split whose hash is not the expected one (edited, or written by an older zoo) is only
+    a cache: it is regenerated, and the old file kept beside it as `.mismatch-<hash>`, never lost."""
     import warnings
 
-    x, y = _generate_verified(spec, s, name)
     aside = path.with_name(f"{path.name}.mismatch-{old_hash[:12]}")
     os.replace(path, aside)
-    save_split(x, y, path.parent)
-    warnings.warn(f"frozen split {name}: the cached copy had content hash {old_hash}, not the registry's "
-                  f"{s.sha256}; regenerated it from seed {s.seed} (the old file is kept as {aside})", stacklevel=3)
+    warnings.warn(f"frozen split {name}: the cached copy had content hash {old_hash}, not {expected}; "
+                  f"regenerated it from seed {seed} (the old file is kept as {aside})", stacklevel=3)
 
 
 def load_split_from_hub(repo_id: str, *, split: str = "test", revision: str | None = None,
