@@ -104,5 +104,13 @@ def test_unknown_architecture_is_refused(constructed, tmp_path):
     cfg = json.loads((dst / "config.json").read_text())
     cfg["entry"]["arch"]["type"] = "hyena"
     (dst / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="edited after the weights were saved"):
+        zoo.load(dst)
+    # A consistent checkpoint from a newer zoo (weights re-saved with its config): refused by name.
+    from zoo.checkpoint import config_core_sha256, save_weights, sha256_file
+
+    save_weights(load_file(str(dst / "model.safetensors")), dst / "model.safetensors", config_sha256=config_core_sha256(cfg))
+    cfg["files"]["model.safetensors"]["sha256"] = sha256_file(dst / "model.safetensors")
+    (dst / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="not understood by icl-zoo"):
         zoo.load(dst)

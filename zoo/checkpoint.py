@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import struct
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,8 @@ FORMAT = "icl-zoo-checkpoint/1"
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 EVAL_RESULTS = "eval_results.json"
-HASHED_SUFFIXES = (".safetensors", ".onnx")
+HISTORY = "training_history.json"
+CONFIG_HASH_KEY = "icl_zoo.config_sha256"  # safetensors metadata: SHA-256 of config.json without its "files"
 
 
 class CheckpointError(ValueError):
@@ -46,6 +48,42 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def config_core_sha256(config: dict) -> str:
+    """SHA-256 of a config without its "files" section (which records the weights' own hash)."""
+    core = {k: v for k, v in config.items() if k != "files"}
+    return hashlib.sha256(json.dumps(core, sort_keys=True).encode()).hexdigest()
+
+
+def save_weights(state: dict, path: Path, *, config_sha256: str) -> None:
+    """safetensors with deterministic bytes: the library writes its metadata map in hash order
+    (different from one process to the next), so the header is rewritten with sorted keys."""
+    save_file(state, str(path), metadata={"format": "pt", CONFIG_HASH_KEY: config_sha256})
+    with open(path, "r+b") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+        canonical = json.dumps(header, separators=(",", ":")).encode()
+        if len(canonical) > n:  # cannot happen (same keys, same values); never write a broken file
+            raise CheckpointError(f"{path}: canonical safetensors header is longer than the original")
+        f.seek(8)
+        f.write(canonical + b" " * (n - len(canonical)))
+
+
+def weights_metadata(path: Path) -> dict:
+    """The safetensors header's __metadata__, read without torch (refusing absurd headers)."""
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        n = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
+        if not 0 < n <= 100 * 2**20:
+            raise CheckpointError(f"{path}: not a safetensors file (header length {n})")
+        try:
+            header = json.loads(f.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{path}: unreadable safetensors header ({e})") from None
+    meta = header.get("__metadata__", {}) if isinstance(header, dict) else {}
+    return meta if isinstance(meta, dict) else {}
 
 
 def contained_file(folder: Path, name: str) -> Path:
@@ -110,9 +148,17 @@ class Checkpoint(
 
         save_directory = Path(save_directory)
         state = {k: v.detach().to("cpu").contiguous() for k, v in self.model.state_dict().items()}
-        # One metadata key: safetensors writes its metadata map in hash order, so with two keys the same
-        # weights could give different bytes from one process to the next (the entry is in config.json).
-        save_file(state, str(save_directory / WEIGHTS), metadata={"format": "pt"})
+        core = {
+            "format": FORMAT,
+            "entry": self.entry.model_dump(mode="json"),
+            "task": self.task_spec.model_dump(mode="json"),
+            "construction": self.construction,
+            "provenance": self.provenance,
+            "parameters": {k: list(v.shape) for k, v in state.items()},
+        }
+        # The weights carry the hash of the config they were saved with, and the config the hash of
+        # the weights: an edit to either (e.g. construction.eta) is refused on load.
+        save_weights(state, save_directory / WEIGHTS, config_sha256=config_core_sha256(core))
         try:
             from export import export_checkpoint_graphs
         except ImportError:  # export is part of the distribution; tolerate a partial install
@@ -121,22 +167,11 @@ class Checkpoint(
             export_checkpoint_graphs(self, save_directory)
         (save_directory / EVAL_RESULTS).write_text(json.dumps(self.metrics, indent=2, sort_keys=True))
         if self.history:
-            (save_directory / "training_history.json").write_text(json.dumps(self.history))
-        files = {
-            p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size}
-            for p in sorted(save_directory.iterdir())
-            if p.suffix in HASHED_SUFFIXES
-        }
-        config = {
-            "format": FORMAT,
-            "entry": self.entry.model_dump(mode="json"),
-            "task": self.task_spec.model_dump(mode="json"),
-            "construction": self.construction,
-            "provenance": self.provenance,
-            "parameters": {k: list(v.shape) for k, v in state.items()},
-            "files": files,
-        }
-        (save_directory / CONFIG).write_text(json.dumps(config, indent=2))
+            (save_directory / HISTORY).write_text(json.dumps(self.history))
+        hashed = [WEIGHTS, EVAL_RESULTS, HISTORY, "model.onnx", "model_step.onnx"]
+        files = {name: {"sha256": sha256_file(save_directory / name), "bytes": (save_directory / name).stat().st_size}
+                 for name in hashed if (save_directory / name).is_file()}
+        (save_directory / CONFIG).write_text(json.dumps({**core, "files": files}, indent=2))
         write_card_and_figures(self, save_directory)
 
     # ------------------------------------------------------------- load
@@ -179,6 +214,10 @@ def verify_files(folder: Path) -> dict:
             )
     if WEIGHTS not in files:
         raise CheckpointError(f"{folder}: {CONFIG} records no hash for {WEIGHTS}")
+    recorded = weights_metadata(contained_file(folder, WEIGHTS)).get(CONFIG_HASH_KEY)
+    if recorded is not None and recorded != config_core_sha256(config):
+        raise CheckpointError(f"{config_path} was edited after the weights were saved (its hash is "
+                              f"{config_core_sha256(config)}, the weights record {recorded}); refusing to load it")
     for graph in ("model.onnx", "model_step.onnx"):
         if (folder / graph).exists() and graph not in files:
             raise CheckpointError(f"{folder}: {graph} is not listed in {CONFIG} with a hash; refusing to run it")
@@ -201,7 +240,7 @@ def read_checkpoint(folder: Path, map_location: str | torch.device = "cpu") -> C
     model = create_model(entry.arch, task_spec.build())
     load_weights_strict(model, folder / WEIGHTS)
     metrics_path = folder / EVAL_RESULTS
-    history_path = folder / "training_history.json"
+    history_path = folder / HISTORY
     return Checkpoint(
         model=model.to(map_location).eval(),
         entry=entry,
