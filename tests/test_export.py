@@ -200,7 +200,7 @@ def test_read_tokens_formats(tmp_path):
     for name in ("t.npy", "t.csv", "t.jsonl"):
         np.testing.assert_array_equal(read_tokens(str(tmp_path / name)), arr[None])
     (tmp_path / "bad.jsonl").write_text("[1, 2]\nnot json\n")
-    with pytest.raises(ValueError, match="expected JSON lines"):
+    with pytest.raises(ValueError, match="bad.jsonl:2: expected comma-separated numbers or a JSON list"):
         read_tokens(str(tmp_path / "bad.jsonl"))
 
 

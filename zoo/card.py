@@ -10,6 +10,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from zoo.analysis import plots
 
 REPO_URL = "https://github.com/icl-zoo/icl-zoo"
+CARD_MARKER = "icl-zoo model card: generated from config.json and eval_results.json; zoo publish re-renders it"
 METRIC_NAMES = {
     "test_loss": "Test loss (½·MSE)",
     "pred_l2_to_gd": "L2 prediction gap to θ_GD",
@@ -149,6 +150,7 @@ def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
         citation=fam["citation"].strip(),
         repo_id=repo_id or f"icl-zoo/{entry.name}",
         load_name=load_name,
+        marker=CARD_MARKER,
         checks=check(entry, m),
         run_line=run_line(ckpt),
         paper_links=paper_links(entry),

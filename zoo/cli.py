@@ -71,6 +71,14 @@ def cmd_eval(args) -> int:
     _register_variant_task(ckpt)
     if args.dataset:
         expected = ckpt.provenance.get("dataset_hashes", {}).get("test")
+        if expected is None:  # fall back on the registry's hash; never score an unverified download
+            from zoo.registry import default_registry
+
+            spec = default_registry().tasks.get(ckpt.entry.task)
+            expected = spec.splits["test"].sha256 if spec is not None and "test" in spec.splits else None
+        if expected is None:
+            raise ValueError(f"--dataset {args.dataset}: neither the checkpoint nor the registry records the hash of "
+                             f"{ckpt.entry.task}/test, so the download cannot be verified; refusing to score it")
         split = load_split_from_hub(args.dataset, split="test", revision=args.dataset_revision,
                                     expected_sha256=expected, endpoint=args.endpoint)
     else:
@@ -126,10 +134,13 @@ def _hub_kwargs(args) -> dict:
 
 
 def cmd_publish(args) -> int:
+    import shutil
+    import tempfile
+
     import zoo
-    from zoo.card import write_card_and_figures
+    from zoo.card import CARD_MARKER, write_card_and_figures
     from zoo.checkpoint import read_checkpoint
-    from zoo.hub import publish, validate_repo_id
+    from zoo.hub import publish, publishable_files, validate_repo_id
 
     validate_repo_id(args.repo)
     folder = Path(args.source)
@@ -137,9 +148,18 @@ def cmd_publish(args) -> int:
         folder = Path(args.out or Path("checkpoints") / args.source)
         zoo.build(args.source, folder, steps=args.steps, progress=not args.quiet)
     ckpt = read_checkpoint(folder)  # verifies hashes before anything leaves the machine
-    write_card_and_figures(ckpt, folder, repo_id=args.repo, dataset_repo=args.dataset_repo,
-                           dataset_revision=args.dataset_revision)
-    sha = publish(folder, args.repo, hub=args.hub, repo_type="model", **_hub_kwargs(args))
+    with tempfile.TemporaryDirectory() as tmp:  # the source folder is never modified by publishing
+        staged = Path(tmp) / folder.name
+        for src, rel in publishable_files(folder):  # refuses symlinks and special files
+            (staged / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, staged / rel)
+        readme = folder / "README.md"
+        if readme.is_file() and CARD_MARKER not in readme.read_text(errors="replace"):
+            print(f"keeping the hand-written {readme} (it is not a generated card)")
+        else:
+            write_card_and_figures(ckpt, staged, repo_id=args.repo, dataset_repo=args.dataset_repo,
+                                   dataset_revision=args.dataset_revision)
+        sha = publish(staged, args.repo, hub=args.hub, repo_type="model", **_hub_kwargs(args))
     print(f"published {folder} → {args.repo} ({args.hub}) revision {sha}")
     return 0
 
@@ -168,15 +188,28 @@ def cmd_hub_serve(args) -> int:
         from zoo.release import import_to_hub
 
         import_to_hub(root)
-    proc, endpoint = start_server(root, args.port)
-    print(f"serving the local hub {root} with olah at {endpoint}")
-    print(f"  export HF_ENDPOINT={endpoint}    # then huggingface_hub / datasets / zoo use it")
+    import signal
+
+    from zoo.hub import stop_server
+
+    def interrupted(signum, frame):  # SIGTERM as Ctrl-C: olah and its temp folder go down with us
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
+    proc = None
     try:
+        proc, endpoint = start_server(root, args.port)
+        print(f"serving the local hub {root} with olah at {endpoint}", flush=True)
+        print(f"  export HF_ENDPOINT={endpoint}    # then huggingface_hub / datasets / zoo use it", flush=True)
         while proc.poll() is None:
             time.sleep(0.5)
+        print(f"error: olah exited with code {proc.returncode}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
-        proc.terminate()
-    return 0
+        return 0
+    finally:
+        if proc is not None:
+            stop_server(proc)
 
 
 def cmd_pull(args) -> int:
@@ -203,25 +236,44 @@ def cmd_export(args) -> int:
 
 
 def cmd_stream(args) -> int:
+    """Stream tokens through the step graph in constant memory: a .npy file chunk by chunk, text
+    (CSV rows or JSON lists, a file or stdin) line by line, each output written as its token arrives."""
     import numpy as np
-    from tqdm.auto import tqdm
 
     from export import StreamingSession
-    from export.token_io import read_tokens, write_outputs
+    from export.token_io import OutputWriter, is_array_file, iter_array_chunks, iter_lines, open_text
 
     session = StreamingSession(args.path, revision=args.revision, endpoint=args.endpoint)
-    tokens = read_tokens(args.input)
-    session.reset(tokens.shape[0])
-    chunks = []
-    with tqdm(total=tokens.shape[1], unit="tok", desc="stream", disable=tokens.shape[1] < 10_000 or args.quiet,
-              file=sys.stderr) as bar:
-        for start in range(0, tokens.shape[1], 1000):
-            chunk = session.push(tokens[:, start : start + 1000])
-            chunks.append(chunk)
-            bar.update(chunk.shape[1])
-    outputs = np.concatenate(chunks, axis=1)
-    write_outputs(outputs if args.raw else session.predict(outputs), args.output)
+    select = (lambda out: out) if args.raw else session.predict
+    if is_array_file(args.input):
+        batch, chunks = iter_array_chunks(args.input, d_in=session.d_in, nan=args.nan)
+        session.reset(batch)
+        _restore_state(session, args.state_in)
+        length = np.load(args.input, mmap_mode="r", allow_pickle=False).shape[-2]
+        width = session.d_out if args.raw else session.readout["stop"] - session.readout["start"]
+        writer = OutputWriter(args.output, (batch, length, width))
+        for chunk in chunks:
+            writer.write(select(session.push(chunk)))
+    else:
+        session.reset(1)
+        _restore_state(session, args.state_in)
+        writer = OutputWriter(args.output)
+        with open_text(args.input) as lines:
+            for _, token in iter_lines(lines, args.input, d_in=session.d_in, nan=args.nan):
+                writer.write(select(session.push(token[None, None]))[:, :], flush=True)
+    writer.close()
+    if args.state_out:
+        np.savez(args.state_out, **session.state)
+        print(f"state after {session.steps} tokens → {args.state_out} (resume with --state-in)", file=sys.stderr)
     return 0
+
+
+def _restore_state(session, path: str | None) -> None:
+    if path:
+        import numpy as np
+
+        with np.load(path, allow_pickle=False) as saved:  # never unpickle
+            session.set_state({k: saved[k] for k in saved.files})
 
 
 def cmd_release(args) -> int:
@@ -445,6 +497,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--input", required=True, help="tokens: .npy (T,d) or (B,T,d), .csv (one token per row), JSON lines, or - for stdin")
     s.add_argument("--output", help=".npy or .csv (default: CSV on stdout)")
     s.add_argument("--raw", action="store_true", help="write the full outputs instead of the task read-out")
+    s.add_argument("--nan", choices=["refuse", "pass"], default="refuse",
+                   help="non-finite tokens: refuse (default, an error naming the line) or pass them to the model")
+    s.add_argument("--state-in", metavar="NPZ", help="start from a saved state (names as the graph's state_in.*)")
+    s.add_argument("--state-out", metavar="NPZ", help="save the state after the last token (resume with --state-in)")
     s.add_argument("--revision")
     s.add_argument("--endpoint")
     s.add_argument("--quiet", action="store_true")
@@ -483,6 +539,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.fn(args) or 0
+    except BrokenPipeError:  # the reader went away (`zoo stream … | head`): stop quietly
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt as e:
         print(f"\n{e}" if str(e) else "\ninterrupted", file=sys.stderr)
         return 130

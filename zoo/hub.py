@@ -38,7 +38,7 @@ class HubError(ValueError):
 
 
 def validate_repo_id(repo_id: str) -> str:
-    if not REPO_ID.match(repo_id) or ".." in repo_id or repo_id.endswith((".git", ".")):
+    if not isinstance(repo_id, str) or not REPO_ID.fullmatch(repo_id) or ".." in repo_id or repo_id.endswith((".git", ".")):
         raise HubError(
             f"invalid repo id {repo_id!r}: expected ORG/NAME with letters, digits, '-', '_', '.' "
             "(no '..', no leading '.', at most 96 characters each)"
@@ -73,7 +73,7 @@ def local_repo_path(root: Path, repo_id: str, repo_type: str = "model") -> Path:
     return path
 
 
-def _publishable(folder: Path):
+def publishable_files(folder: Path):
     """The files of `folder` to publish; a symlink or special file is refused, never followed."""
     for p in sorted(folder.rglob("*")):
         rel = p.relative_to(folder)
@@ -101,7 +101,7 @@ def publish_local(folder: Path, repo_id: str, *, repo_type: str = "model", root:
     if not (repo / ".git").exists():
         repo.mkdir(parents=True, exist_ok=True)
         _git(repo, "init", "-q", "-b", "main")
-    files = list(_publishable(folder))  # refuses symlinks before anything in the repo changes
+    files = list(publishable_files(folder))  # refuses symlinks before anything in the repo changes
     for tracked in _git(repo, "ls-files", "-z").split("\0"):
         if tracked:
             (repo / tracked).unlink(missing_ok=True)
@@ -234,6 +234,11 @@ def start_server(root: Path | None = None, port: int | None = None, *, timeout: 
     root = Path(root) if root else default_local_hub()
     root.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
+    with socket.socket() as probe:  # another server on the port would answer the health check for us
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as e:
+            raise HubError(f"port {port} on 127.0.0.1 is already in use ({e.strerror}); choose another with --port") from None
     workdir = Path(tempfile.mkdtemp(prefix="icl-zoo-olah-"))
     cfg = olah_config(root, port, workdir)
     log_file = open(log or workdir / "olah.log", "w")
@@ -241,11 +246,14 @@ def start_server(root: Path | None = None, port: int | None = None, *, timeout: 
         [sys.executable, "-m", "olah.server", "--config", str(cfg), "--log-path", str(workdir / "logs")],
         cwd=workdir, stdout=log_file, stderr=subprocess.STDOUT,
     )
+    proc.workdir = workdir  # removed by stop_server
     endpoint = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise HubError(f"olah exited with code {proc.returncode}; log: {log_file.name}")
+            log = Path(log_file.name).read_text()[-2000:]
+            stop_server(proc)
+            raise HubError(f"olah exited with code {proc.returncode}:\n{log}")
         try:
             urllib.request.urlopen(endpoint + "/api/models/zoo-health/check", timeout=1)
             return proc, endpoint
@@ -253,8 +261,22 @@ def start_server(root: Path | None = None, port: int | None = None, *, timeout: 
             return proc, endpoint  # it answered (404 for the unknown repo): up
         except OSError:
             time.sleep(0.2)
-    proc.terminate()
-    raise HubError(f"olah did not answer on {endpoint} within {timeout:.0f}s; log: {log_file.name}")
+    stop_server(proc)
+    raise HubError(f"olah did not answer on {endpoint} within {timeout:.0f}s")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    """Stop olah and remove its temporary folder (config, logs, repo cache)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    workdir = getattr(proc, "workdir", None)
+    if workdir is not None:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 @contextmanager
@@ -264,8 +286,4 @@ def serve(root: Path | None = None, port: int | None = None):
     try:
         yield endpoint
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)

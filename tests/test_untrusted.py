@@ -1,0 +1,326 @@
+"""Untrusted input: every class of bad file, name or stream ends in a clear error with nothing
+written or lost. One test per defect class; the table below is the index of the cases.
+
+| class | case | how it ends |
+|---|---|---|
+| names → paths | config.json `entry.task = "../../../../tmp/x"` | CheckpointError, nothing written outside the cache |
+| names → paths | `--set task.description=x/../../y`, 6 hostile task names | RegistryError / ValueError "not a safe name" |
+| names → paths | repo id with a trailing newline | HubError |
+| checkpoint files | edited model_step.onnx streamed from a folder | CheckpointError before a session runs |
+| checkpoint files | edited construction.eta in config.json | CheckpointError "edited after the weights were saved" |
+| checkpoint files | `files` entry `/dev/zero`, `../../etc/passwd`, a symlink out | CheckpointError, nothing hashed or read |
+| checkpoint files | an ONNX graph not listed in config.json | CheckpointError |
+| publishing | a symlink to /etc/passwd in the folder | HubError, the hub repo unchanged |
+| publishing | a hand-written README.md | kept, the source folder untouched |
+| resuming builds | other seed / other step count / other entry into the same folder | ValueError "another run" |
+| resuming builds | a corrupt training state | ValueError "cannot be restored" |
+| training | weights NaN/inf after the last step | TrainingDiverged |
+| training | a finite but absurd test loss | warning |
+| registry numbers | lr = inf, betas = [2, -1], final_lr > lr, warmup > steps, hidden = true | RegistryError naming the field |
+| determinism | the same entry built in two processes | byte-identical files |
+| streams | JSON object line, NaN token, wrong width, closed stdin, `| head` | one-line error / clean exit |
+| streams | line-by-line: the answer to a line comes before the next line is sent | (works) |
+| server | `zoo hub serve` on a busy port; SIGTERM | exit 2 with the port named; olah and its temp folder gone |
+
+(Frozen-split cases — tampered caches, task variants, concurrent repair, rebuilds — are in
+test_frozen.py; released-folder tampering and hostile archives in test_release.py.)
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import zoo
+from zoo import hub
+from zoo.checkpoint import CheckpointError, config_core_sha256, save_weights, sha256_file
+from zoo.registry import RegistryError, get_entry, with_overrides
+from zoo.train import TrainingDiverged
+
+ZOO = [sys.executable, "-m", "zoo.cli"]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """A constructed recurrent checkpoint (fast to build)."""
+    folder = tmp_path_factory.mktemp("untrusted") / "ckpt"
+    zoo.build("lsa-gd-zucchet-icl", folder, progress=False)
+    return folder
+
+
+def _copy(folder: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "ckpt"
+    shutil.copytree(folder, dst)
+    return dst
+
+
+def _resign(folder: Path, config: dict) -> None:
+    """Make an edited config self-consistent, as a careful attacker would: re-save the weights
+    with its hash and record the new weights hash."""
+    from safetensors.torch import load_file
+
+    weights = folder / "model.safetensors"
+    save_weights(load_file(str(weights)), weights, config_sha256=config_core_sha256(config))
+    config["files"]["model.safetensors"]["sha256"] = sha256_file(weights)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+# ---------------------------------------------------------------- names that become paths
+def test_downloaded_config_cannot_name_a_path(built, tmp_path):
+    dst = _copy(built, tmp_path)
+    config = json.loads((dst / "config.json").read_text())
+    config["entry"]["task"] = "../../../../" + str(tmp_path / "escaped").lstrip("/")
+    _resign(dst, config)
+    with pytest.raises(CheckpointError, match="not a safe name"):
+        zoo.load(dst)
+    assert not (tmp_path / "escaped").exists()
+
+
+def test_sweep_override_cannot_name_a_path():
+    with pytest.raises(RegistryError, match="not a safe name"):
+        with_overrides(get_entry("lsa-d10-c10"), {"task.description": "x/../../y"})
+
+
+@pytest.mark.parametrize("repo", ["org/name\n", "org/name\r", " org/name", "org/../x", "org/name.git"])
+def test_repo_ids_are_whole_names(repo):
+    with pytest.raises(hub.HubError, match="invalid repo id"):
+        hub.validate_repo_id(repo)
+
+
+# ---------------------------------------------------------------- checkpoint files
+def test_edited_step_graph_is_refused_before_streaming(built, tmp_path):
+    from export import StreamingSession
+
+    dst = _copy(built, tmp_path)
+    graph = bytearray((dst / "model_step.onnx").read_bytes())
+    graph[-10] ^= 1
+    (dst / "model_step.onnx").write_bytes(bytes(graph))
+    with pytest.raises(CheckpointError, match="model_step.onnx has SHA-256"):
+        StreamingSession(dst)
+
+
+def test_edited_config_is_refused(built, tmp_path):
+    dst = _copy(built, tmp_path)
+    config = json.loads((dst / "config.json").read_text())
+    config["construction"]["eta"] = 1.0
+    (dst / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="edited after the weights were saved"):
+        zoo.load(dst)
+
+
+@pytest.mark.parametrize("name", ["/dev/zero", "../../etc/passwd", "sub/model.onnx", "link-out"])
+def test_file_entries_stay_inside_the_folder(built, tmp_path, name):
+    dst = _copy(built, tmp_path)
+    if name == "link-out":
+        (dst / name).symlink_to("/etc/hostname")
+    config = json.loads((dst / "config.json").read_text())
+    config["files"][name] = {"sha256": "0" * 64, "bytes": 1}
+    (dst / "config.json").write_text(json.dumps(config))
+    started = time.monotonic()
+    with pytest.raises(CheckpointError, match="plain file name|symbolic link"):
+        zoo.load(dst)
+    assert time.monotonic() - started < 5  # /dev/zero is never read
+
+
+def test_unlisted_graph_is_refused(built, tmp_path):
+    dst = _copy(built, tmp_path)
+    config = json.loads((dst / "config.json").read_text())
+    del config["files"]["model_step.onnx"]
+    _resign(dst, config)
+    with pytest.raises(CheckpointError, match="model_step.onnx is not listed"):
+        zoo.load(dst)
+
+
+# ---------------------------------------------------------------- publishing
+def test_publish_refuses_symlinks_and_leaves_the_repo(built, tmp_path):
+    dst = _copy(built, tmp_path)
+    root = tmp_path / "hub"
+    first = hub.publish_local(dst, "me/ckpt", root=root)
+    (dst / "secret.txt").symlink_to("/etc/passwd")
+    with pytest.raises(hub.HubError, match="symbolic link"):
+        hub.publish_local(dst, "me/ckpt", root=root)
+    repo = root / "models" / "me" / "ckpt"
+    assert not (repo / "secret.txt").exists() and (repo / "model.safetensors").is_file()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    assert head == first
+
+
+def test_publish_keeps_a_hand_written_readme(built, tmp_path):
+    dst = _copy(built, tmp_path)
+    (dst / "README.md").write_text("# my own notes\n")
+    before = {p.name: p.read_bytes() for p in dst.iterdir()}
+    out = subprocess.run([*ZOO, "publish", str(dst), "--repo", "me/ckpt", "--root", str(tmp_path / "hub")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "keeping the hand-written" in out.stdout
+    assert {p.name: p.read_bytes() for p in dst.iterdir()} == before  # the source folder is untouched
+    assert (tmp_path / "hub" / "models" / "me" / "ckpt" / "README.md").read_text() == "# my own notes\n"
+
+
+# ---------------------------------------------------------------- resuming builds
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("resume") / "ckpt"
+    zoo.build("lsa-d10-c10", folder, steps=20, seed=0, device="cpu", progress=False)
+    return folder
+
+
+@pytest.mark.parametrize("change", [{"seed": 7}, {"steps": 30}, {"name": "lsa-2l-d10-c10"}])
+def test_build_refuses_another_runs_state(trained, tmp_path, change):
+    dst = _copy(trained, tmp_path)
+    kwargs = {"steps": 20, "seed": 0, "device": "cpu", "progress": False}
+    name = change.pop("name", "lsa-d10-c10")
+    with pytest.raises(ValueError, match="training state of another run"):
+        zoo.build(name, dst, **{**kwargs, **change})
+    assert (dst / ".train" / "train_state.safetensors").is_file()  # nothing lost
+
+
+def test_corrupt_training_state_is_a_clear_error(trained, tmp_path):
+    dst = _copy(trained, tmp_path)
+    (dst / ".train" / "train_state.safetensors").write_bytes(b"\x00" * 100)
+    with pytest.raises(ValueError, match="cannot be restored.*delete"):
+        zoo.build("lsa-d10-c10", dst, steps=20, seed=0, device="cpu", progress=False)
+
+
+def test_nan_weights_after_the_last_step_are_caught(tmp_path, monkeypatch):
+    """The loss of the last step is finite (the NaN guard sees it), its update is not."""
+    import zoo.train as train
+
+    real = train.make_optimizer
+
+    def poisoned(model, recipe, **kwargs):
+        opt = real(model, recipe, **kwargs)
+
+        def to_nan(optimizer, args, kw):
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.fill_(float("nan"))
+
+        opt.register_step_post_hook(to_nan)
+        return opt
+
+    monkeypatch.setattr(train, "make_optimizer", poisoned)
+    with pytest.raises(TrainingDiverged, match="NaN/inf after the last step"):
+        zoo.build("lsa-d10-c10", tmp_path / "x", steps=1, device="cpu", progress=False)
+    assert not (tmp_path / "x" / "model.safetensors").exists()
+
+
+def test_absurd_loss_warns():
+    from zoo.builder import _warn_if_diverged
+
+    with pytest.warns(UserWarning, match="probably diverged"):
+        _warn_if_diverged(get_entry("lsa-d10-c10"), {"test_loss": 8.7e25, "gd_loss": 0.83})
+    with pytest.raises(ValueError, match="refusing to save"):
+        _warn_if_diverged(get_entry("lsa-d10-c10"), {"test_loss": float("nan"), "gd_loss": 0.83})
+
+
+# ---------------------------------------------------------------- registry numbers
+@pytest.mark.parametrize("override, field", [
+    ({"source.lr": float("inf")}, "source.lr"), ({"source.betas": [2, -1]}, "betas"),
+    ({"source.final_lr": 1.0}, "final_lr"), ({"source.warmup_steps": 10**9}, "warmup_steps"),
+    ({"arch.n_layers": True}, "n_layers"),
+])
+def test_registry_refuses_nonsense_numbers(override, field):
+    with pytest.raises(RegistryError, match=field):
+        with_overrides(get_entry("lsa-d10-c10"), override)
+
+
+# ---------------------------------------------------------------- determinism
+def test_the_same_build_gives_the_same_bytes(tmp_path):
+    code = "import sys, zoo; zoo.build('gated-rnn-teacher-d4', sys.argv[1], progress=False)"
+    for out in ("a", "b"):  # two processes: hash seeds and dict orders differ
+        subprocess.run([sys.executable, "-c", code, str(tmp_path / out)], check=True, capture_output=True)
+    a = {p.name: p.read_bytes() for p in (tmp_path / "a").iterdir() if p.is_file()}
+    b = {p.name: p.read_bytes() for p in (tmp_path / "b").iterdir() if p.is_file()}
+    assert a.keys() == b.keys() and all(a[k] == b[k] for k in a), [k for k in a if a[k] != b.get(k)]
+
+
+# ---------------------------------------------------------------- streams
+@pytest.mark.parametrize("text, message", [
+    ('{"a": 1}\n', "expected a JSON list of numbers"), ("[1, 2, 3, 0, 0, NaN]\n", "non-finite value"),
+    ("[1, 2]\n", "has 2"), ("1,2,x,4,5,6\n", "expected comma-separated numbers"),
+])
+def test_stream_bad_lines_are_one_line_errors(built, text, message):
+    out = subprocess.run([*ZOO, "stream", str(built), "--input", "-"], input="[0,0,0,0,0,0]\n" + text,
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert message in out.stderr and "-:2:" in out.stderr
+    assert len(out.stdout.splitlines()) == 1  # the good first line was answered
+
+
+def test_stream_answers_each_line_as_it_arrives(built):
+    proc = subprocess.Popen([*ZOO, "stream", str(built), "--input", "-"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        answers = []
+        for token in ([1, 0, 0, 1, 0, 0], [0, 1, 0, 0, 1, 0], [0.5, 0.5, 0.5, 0, 0, 0]):
+            proc.stdin.write(json.dumps(token) + "\n")
+            proc.stdin.flush()
+            answers.append(proc.stdout.readline())  # blocks until the answer to this line is written
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+    assert [len(a.strip().split(",")) for a in answers] == [3, 3, 3]
+    # one GD step from the two examples (e1, e1), (e2, e2) at η* = 1/14.8: ŷ = η* (0.5, 0.5, 0)
+    assert np.allclose([float(v) for v in answers[2].split(",")], [0.5 / 14.8, 0.5 / 14.8, 0], atol=1e-6)
+
+
+def test_stream_closed_stdin_and_closed_pipe_exit_cleanly(built, tmp_path):
+    out = subprocess.run([*ZOO, "stream", str(built), "--input", "-"], stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stderr == ""
+    tokens = tmp_path / "t.npy"
+    np.save(tokens, np.random.default_rng(0).normal(size=(50_000, 6)).astype(np.float32))
+    out = subprocess.run(" ".join([*ZOO, "stream", str(built), "--input", str(tokens)]) + " | head -1",
+                         shell=True, capture_output=True, text=True)
+    assert out.returncode == 0 and "Error" not in out.stderr and len(out.stdout.splitlines()) == 1
+
+
+def test_stream_state_resumes_across_processes(built, tmp_path):
+    rng = np.random.default_rng(1)
+    tokens = rng.normal(size=(40, 6)).astype(np.float32)
+    np.save(tmp_path / "all.npy", tokens)
+    np.save(tmp_path / "a.npy", tokens[:25])
+    np.save(tmp_path / "b.npy", tokens[25:])
+    run = lambda *args: subprocess.run([*ZOO, "stream", str(built), *args], check=True, capture_output=True)
+    run("--input", str(tmp_path / "all.npy"), "--output", str(tmp_path / "all.out.npy"))
+    run("--input", str(tmp_path / "a.npy"), "--output", str(tmp_path / "a.out.npy"), "--state-out", str(tmp_path / "s.npz"))
+    run("--input", str(tmp_path / "b.npy"), "--output", str(tmp_path / "b.out.npy"), "--state-in", str(tmp_path / "s.npz"))
+    joined = np.concatenate([np.load(tmp_path / "a.out.npy"), np.load(tmp_path / "b.out.npy")], axis=1)
+    np.testing.assert_allclose(joined, np.load(tmp_path / "all.out.npy"), rtol=0, atol=1e-6)
+
+
+# ---------------------------------------------------------------- server
+def test_serve_on_a_busy_port_fails_loudly(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run([*ZOO, "hub", "serve", "--dir", str(tmp_path), "--port", str(port), "--no-release"],
+                             capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and f"port {port}" in out.stderr and "already in use" in out.stderr
+
+
+def test_sigterm_takes_olah_and_its_temp_folder_down(tmp_path):
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
+    (tmp_path / "tmp").mkdir()
+    proc = subprocess.Popen([*ZOO, "hub", "serve", "--dir", str(tmp_path / "hub"), "--no-release"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    line = proc.stdout.readline()
+    assert "serving" in line, proc.stderr.read()
+    port = int(line.rsplit(":", 1)[1])
+    assert any((tmp_path / "tmp").iterdir())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", port))  # the port is free again
+    assert not any((tmp_path / "tmp").iterdir())
