@@ -143,6 +143,46 @@ def export_sequence(model, path: Path, *, entry_name: str = "", seq_len: int = 8
     return path
 
 
+def chunk_graph(step: onnx.ModelProto) -> onnx.ModelProto:
+    """The step graph wrapped in an ONNX `Scan` over time: a state-carrying chunk graph
+
+        (tokens (B, T, d_in), chunk_in.state_in.* ...) -> (outs (B, T, d_out), chunk_out.state_out.* ...)
+
+    that runs the step graph's own nodes T times inside ONNX Runtime (one `run` per chunk instead of
+    one per token). Exact for any T, by construction: the same operators, in the same order, as the
+    step graph; nothing is traced. Built from model_step.onnx when a session starts, so no extra
+    file ships (its hash is the step graph's)."""
+    from onnx import helper
+
+    g = step.graph
+    layout = json.loads({p.key: p.value for p in step.metadata_props}["icl_zoo.state_layout"])
+    inputs, outputs = {i.name: i for i in g.input}, {o.name: o for o in g.output}
+    body = helper.make_graph(  # Scan's body: state variables first, then the scanned token
+        list(g.node), "step", inputs=[inputs[s["input"]] for s in layout] + [inputs["token"]],
+        outputs=[outputs[s["output"]] for s in layout] + [outputs["out"]],
+        initializer=list(g.initializer), value_info=list(g.value_info))
+    scan = helper.make_node(
+        "Scan", inputs=[f"chunk_in.{s['input']}" for s in layout] + ["tokens"],
+        outputs=[f"chunk_out.{s['output']}" for s in layout] + ["outs"],
+        num_scan_inputs=1, body=body, scan_input_axes=[1], scan_output_axes=[1])
+
+    def value_info(name, like, timed=False):
+        t = like.type.tensor_type
+        dims = [d.dim_param or d.dim_value for d in t.shape.dim]
+        return helper.make_tensor_value_info(name, t.elem_type, [dims[0], "time", *dims[1:]] if timed else dims)
+
+    outer = helper.make_graph(
+        [scan], "chunk",
+        inputs=[value_info("tokens", inputs["token"], True)]
+        + [value_info(f"chunk_in.{s['input']}", inputs[s["input"]]) for s in layout],
+        outputs=[value_info("outs", outputs["out"], True)]
+        + [value_info(f"chunk_out.{s['output']}", outputs[s["output"]]) for s in layout])
+    model = helper.make_model(outer, opset_imports=list(step.opset_import), functions=list(step.functions),
+                              ir_version=step.ir_version)
+    onnx.checker.check_model(model)
+    return model
+
+
 def _fp32_copy(model):
     import copy
 

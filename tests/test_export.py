@@ -227,3 +227,44 @@ def test_sequence_graph_refuses_lengths_past_its_scan(name, tmp_path):
     longer = 0.3 * torch.randn(1, EXPORT_MAX_LEN + 1, model.d_in)
     with pytest.raises(Exception, match="out of data bounds"):
         session.run(None, {"tokens": longer.numpy()})
+
+
+def _one_per_family(entries):
+    seen, out = set(), []
+    for e in entries:
+        if e.arch.type not in seen:
+            seen.add(e.arch.type)
+            out.append(e)
+    return out
+
+
+# Families whose torch forward (the float64 reference) is quadratic or memory-heavy in T: 4,000 tokens
+# by default (still ≫ the chunk), 10,000 with -m slow.
+QUADRATIC_REFERENCE = {"lsa", "griffin", "mamba"}
+CHUNK_CASES = [
+    pytest.param(e, 10_000 if e.arch.type not in QUADRATIC_REFERENCE else 4_000, id=e.arch.type)
+    for e in _one_per_family([e for e in RECURRENT if not _ill_conditioned_in_fp32(e)])
+] + [
+    pytest.param(e, 10_000, id=f"{e.arch.type}-10k", marks=pytest.mark.slow)
+    for e in _one_per_family([e for e in RECURRENT if e.arch.type in QUADRATIC_REFERENCE])
+]
+
+
+@pytest.mark.parametrize("entry, length", CHUNK_CASES)
+def test_chunked_stream_at_10k_tokens_equals_step_graph_and_torch(entry, length, tmp_path):
+    """push(B, T, d) runs the step graph scanned inside ONNX Runtime, chunk by chunk, carrying the
+    state between chunks and calls: at T = 10,000 (≫ the 1,024-token chunk, pushed in uneven
+    pieces) it equals the token-at-a-time step graph and the float64 torch forward."""
+    from export.streaming import CHUNK
+
+    model, task = model_for(entry)
+    path = export_step(model, tmp_path / "model_step.onnx", entry_name=entry.name)
+    tokens, ref = stream_tokens(model, task, length, batch=2)
+    session = StreamingSession(path)
+    session.reset(2)
+    cuts = [0, 1, 3 * CHUNK + 5, 3 * CHUNK + 6, length - 1000, length]
+    chunked = np.concatenate([session.push(tokens[:, a:b].numpy()) for a, b in zip(cuts, cuts[1:])], axis=1)
+    session.reset(2)
+    stepped = np.stack([session.push(tokens[:, t].numpy()) for t in range(length)], axis=1)
+    np.testing.assert_allclose(chunked, stepped, rtol=0, atol=1e-6 * max(1.0, np.abs(stepped).max()))
+    assert_parity(chunked, ref)
