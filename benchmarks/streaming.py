@@ -1,12 +1,14 @@
-"""Streaming throughput and memory: ONNX Runtime step graph vs PyTorch eager `step` vs a
-softmax-attention decoder with a KV cache, one token at a time (batch 1).
+"""Streaming throughput, latency and memory, all against the ONNX token-at-a-time step measured
+in the same run: ONNX Runtime step graph one token per call (the baseline), the chunked path
+(`StreamingSession.push(B, T, d)`: the step graph scanned inside ORT, one call per 1,024 tokens),
+PyTorch eager `step`, and a softmax-attention decoder with a KV cache.
 
-Every (method, length) runs in a fresh process: tokens/s over the stream, and the peak RSS
-growth during the stream (sampled every 1000 tokens) above the process's RSS after setup (model loaded, tokens in memory).
-Ratios are against PyTorch eager `step` measured in the same run.
+Every (method, batch, length) runs in a fresh process: tokens/s over the stream (aggregate over the
+batch), the peak RSS growth during the stream (sampled every 1000 tokens) above the RSS after setup,
+and, for the step graph, the per-token latency p50/p99.
 
-    python benchmarks/streaming.py                      # lengths 1e3, 1e4, 1e5
-    python benchmarks/streaming.py --lengths 1000 1000000 --entry lsa-gd-zucchet-icl
+    python benchmarks/streaming.py                                  # lengths 1e3 1e4 1e5, batch 1 and 64
+    python benchmarks/streaming.py --lengths 10000000 --methods onnx-chunk --batches 1   # flat RSS at 1e7
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class SoftmaxDecoder:
         return token + (att.T @ v) @ self.wo.T
 
 
-def _run(method: str, length: int, folder: str, entry: str, queue) -> None:
+def _run(method: str, length: int, batch: int, folder: str, entry: str, queue) -> None:
     import torch
 
     torch.set_num_threads(1)
@@ -61,50 +63,64 @@ def _run(method: str, length: int, folder: str, entry: str, queue) -> None:
 
     ckpt = zoo.load(folder)
     d = ckpt.model.d_in
-    tokens = np.random.default_rng(0).uniform(-1, 1, (length, 1, d)).astype(np.float32) * (12 / length) ** (1 / 3)
-    if method == "onnx":
+    rng = np.random.default_rng(0)
+    scale = (12 / length) ** (1 / 3)  # keeps attention-like sums O(1) over the stream
+
+    def block(start: int, stop: int) -> np.ndarray:  # tokens are generated per block: the input costs no memory
+        return (rng.uniform(-1, 1, (batch, stop - start, d)) * scale).astype(np.float32)
+
+    latencies = []
+    if method in ("onnx-step", "onnx-chunk"):
         session = StreamingSession(folder, threads=1)
-        session.reset(1)
-        step = session.push
-        feed = tokens
-    elif method == "torch-step":
-        model, state = ckpt.model.eval(), None
-        state = model.init_state(1)
-
-        def step(tok):
-            nonlocal state
-            out, state = model.step(tok, state)
-            return out
-
-        feed = torch.from_numpy(tokens)
-    else:
-        dec = SoftmaxDecoder(d, length)
-        step, feed = dec.step, torch.from_numpy(tokens)
-    with torch.no_grad():
-        for i in range(min(100, length)):  # warm-up, outside the measurement
-            step(feed[i])
-        if method == "onnx":
-            session.reset(1)
-        elif method == "torch-step":
-            state = ckpt.model.init_state(1)
+        session.reset(batch)
+        if method == "onnx-chunk":
+            def run_block(tok):
+                session.push(tok)
         else:
-            dec = SoftmaxDecoder(d, length)
-            step = dec.step
+            def run_block(tok):
+                for t in range(tok.shape[1]):
+                    t0 = time.perf_counter()
+                    session.push(tok[:, t])
+                    if len(latencies) < 20_000:
+                        latencies.append(time.perf_counter() - t0)
+    elif method == "torch-step":
+        model = ckpt.model.eval()
+        state = model.init_state(batch)
+
+        def run_block(tok):
+            nonlocal state
+            tok = torch.from_numpy(tok)
+            for t in range(tok.shape[1]):
+                _, state = model.step(tok[:, t], state)
+    else:
+        dec = SoftmaxDecoder(d, length + 100)
+
+        def run_block(tok):
+            tok = torch.from_numpy(tok)
+            for t in range(tok.shape[1]):
+                dec.step(tok[:1, t])  # one stream: its cache is what grows
+    with torch.no_grad():
+        run_block(block(0, min(100, length)))  # warm-up (and the chunk graph's build), outside the measurement
+        latencies.clear()
         base = peak = _rss_bytes()
         elapsed = 0.0
         for start in range(0, length, 1000):  # RSS sampled every 1000 tokens, outside the timed loop
+            tok = block(start, min(start + 1000, length))
             t0 = time.perf_counter()
-            for i in range(start, min(start + 1000, length)):
-                step(feed[i])
+            run_block(tok)
             elapsed += time.perf_counter() - t0
             peak = max(peak, _rss_bytes())
-    queue.put({"tokens_per_s": length / elapsed, "mem_growth_mib": (peak - base) / 2**20})
+    result = {"tokens_per_s": length * (batch if method != "softmax-kv" else 1) / elapsed,
+              "mem_growth_mib": (peak - base) / 2**20}
+    if latencies:
+        result["p50_us"], result["p99_us"] = (float(np.percentile(latencies, q)) * 1e6 for q in (50, 99))
+    queue.put(result)
 
 
-def measure(method: str, length: int, folder: str, entry: str) -> dict:
+def measure(method: str, length: int, batch: int, folder: str, entry: str) -> dict:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    p = ctx.Process(target=_run, args=(method, length, folder, entry, q))
+    p = ctx.Process(target=_run, args=(method, length, batch, folder, entry, q))
     p.start()
     result = q.get()
     p.join()
@@ -113,13 +129,17 @@ def measure(method: str, length: int, folder: str, entry: str) -> dict:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--entry", default="lsa-gd-zucchet-icl")
+    ap.add_argument("--entry", default="gated-rnn-gd-zucchet-icl")
     ap.add_argument("--lengths", type=int, nargs="+", default=[1_000, 10_000, 100_000])
-    ap.add_argument("--methods", nargs="+", default=["torch-step", "onnx", "softmax-kv"])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 64])
+    ap.add_argument("--methods", nargs="+", default=["onnx-step", "onnx-chunk", "torch-step", "softmax-kv"])
     ap.add_argument("--softmax-max", type=int, default=100_000,
                     help="longest stream for the softmax decoder: its per-token cost grows with t (O(T²) total)")
+    ap.add_argument("--step-max", type=int, default=100_000,
+                    help="longest stream for the token-at-a-time methods (the chunked path goes further)")
     args = ap.parse_args(argv)
 
+    import onnxruntime as ort
     import torch
 
     import zoo
@@ -127,21 +147,24 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = str(Path(tmp) / args.entry)
         zoo.build(args.entry, folder, progress=False)
-        import onnxruntime as ort
-
-        print(f"entry {args.entry}; torch {torch.__version__}, onnxruntime {ort.__version__}, 1 thread, batch 1")
-        print(f"{'length':>9} {'method':>11} {'tokens/s':>11} {'vs torch':>9} {'Δ peak RSS':>11}")
-        for length in args.lengths:
-            base = None
-            for method in args.methods:
-                if method == "softmax-kv" and length > args.softmax_max:
-                    print(f"{length:>9} {method:>11}   skipped: O(T²) total, > --softmax-max")
-                    continue
-                r = measure(method, length, folder, args.entry)
-                base = r["tokens_per_s"] if method == "torch-step" else base
-                ratio = f"{r['tokens_per_s'] / base:8.2f}×" if base else "        –"
-                print(f"{length:>9} {method:>11} {r['tokens_per_s']:>11,.0f} {ratio} {r['mem_growth_mib']:>8.1f} MiB")
-                sys.stdout.flush()
+        print(f"entry {args.entry}; torch {torch.__version__}, onnxruntime {ort.__version__}, 1 thread; "
+              "ratios against onnx-step at the same batch and length, measured in this run")
+        print(f"{'batch':>5} {'length':>10} {'method':>11} {'tokens/s':>12} {'vs step':>8} {'Δ peak RSS':>11} {'p50/p99 µs':>14}")
+        for batch in args.batches:
+            for length in args.lengths:
+                base = None
+                for method in args.methods:
+                    too_long = (method == "softmax-kv" and length > args.softmax_max) or \
+                               (method in ("onnx-step", "torch-step") and length > args.step_max)
+                    if too_long or (method == "softmax-kv" and batch > 1):
+                        continue
+                    r = measure(method, length, batch, folder, args.entry)
+                    base = r["tokens_per_s"] if method == "onnx-step" else base
+                    ratio = f"{r['tokens_per_s'] / base:7.1f}×" if base else "       –"
+                    lat = f"{r['p50_us']:6.1f}/{r['p99_us']:<6.1f}" if "p50_us" in r else ""
+                    print(f"{batch:>5} {length:>10} {method:>11} {r['tokens_per_s']:>12,.0f} {ratio} "
+                          f"{r['mem_growth_mib']:>8.1f} MiB {lat:>14}")
+                    sys.stdout.flush()
 
 
 if __name__ == "__main__":
