@@ -293,6 +293,9 @@ def build_release(root: Path | None = None, *, only: list[str] | None = None, ti
     index = read_index(root)
     index["version"] = VERSION
     rows = index.setdefault("entries", {})
+    for name in names:  # a complete folder whose index row was never written (the build stopped in between)
+        if name not in rows and not force and _adoptable(root / name, name):
+            rows[name] = index_row(name, root / name)
     todo = [n for n in names if force or not _is_current(root, rows.get(n))]
     for name in set(rows) - set(registry.entries):  # entries removed from the registry leave the release
         rows.pop(name)
@@ -313,9 +316,20 @@ def build_release(root: Path | None = None, *, only: list[str] | None = None, ti
             print(f"  [{len(rows)}/{len(registry.entries)}] {name}: {steps}, test loss {row['test_loss']:.5g}, "
                   f"{row['verdict']} ({row['build_seconds']:.0f} s; {time.perf_counter() - started:.0f} s elapsed)", flush=True)
 
+    failures = {}
+
+    def failed(name: str, error: BaseException) -> None:  # one entry's failure never stops the others
+        failures[name] = f"{type(error).__name__}: {error}"
+        print(f"  FAILED {name}: {failures[name]}", flush=True)
+
     if workers <= 1:
         for name in todo:
-            finished(name, build_entry(name, root, **kwargs))
+            try:
+                row = build_entry(name, root, **kwargs)
+            except Exception as e:
+                failed(name, e)
+            else:
+                finished(name, row)
     else:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -323,10 +337,28 @@ def build_release(root: Path | None = None, *, only: list[str] | None = None, ti
         with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
             futures = {pool.submit(build_entry, name, root, **kwargs): name for name in todo}
             for future in as_completed(futures):
-                finished(futures[future], future.result())
+                try:
+                    row = future.result()
+                except Exception as e:
+                    failed(futures[future], e)
+                else:
+                    finished(futures[future], row)
     index["build_seconds_last_run"] = round(time.perf_counter() - started, 1)
     write_index(root, index)
+    if failures:
+        raise ReleaseError(f"{len(failures)} entries failed to build (the others are released; re-run to retry):\n"
+                           + "\n".join(f"  {n}: {msg}" for n, msg in failures.items()))
     return index
+
+
+def _adoptable(folder: Path, name: str) -> bool:
+    from zoo.checkpoint import verify_files
+
+    try:
+        config = verify_files(folder)
+    except (CheckpointError, OSError):
+        return False
+    return fingerprint(config["entry"], config["task"]) == entry_fingerprint(name)
 
 
 def _is_current(root: Path, row: dict | None) -> bool:

@@ -142,7 +142,10 @@ def _load_state(run_dir: Path, model, opt, generator) -> tuple[int, list[dict]]:
 
 
 def _params_finite(model) -> bool:
-    return all(torch.isfinite(p).all() for p in model.parameters())
+    """No NaN anywhere, and every trained parameter finite. A frozen parameter may hold ±inf on
+    purpose: a construction's log-parametrised λ = 1 is ν = −inf (GD-SSM), and training never moves it."""
+    return all(not torch.isnan(p).any() and (not p.requires_grad or torch.isfinite(p).all())
+               for p in model.parameters())
 
 
 # ---------------------------------------------------------------- loop
