@@ -101,6 +101,34 @@ def test_released_entry_pulls_rescores_and_streams(served, name):
         assert not getattr(ckpt.model, "recurrent", False), "a recurrent entry must ship its step graph"
 
 
+def test_plain_clients_with_hf_endpoint(served, tmp_path):
+    """What a new user types, with HF_ENDPOINT pointing at the served release (read at import time,
+    hence a fresh process): datasets.load_dataset, zoo.load, StreamingSession, zoo pull, a bare name."""
+    import os
+    import subprocess
+    import sys
+
+    code = f"""
+import datasets, numpy as np, zoo
+from export import StreamingSession
+ds = datasets.load_dataset("icl-zoo/zucchet-icl", split="test", revision="{INDEX['version']}")
+ckpt = zoo.load("icl-zoo/gated-rnn-zucchet-icl", revision="{INDEX['version']}")
+bare = zoo.load("gated-rnn-zucchet-icl")  # HF_ENDPOINT set: from the hub, at the release tag, index-verified
+session = StreamingSession("icl-zoo/gated-rnn-zucchet-icl", revision="{INDEX['version']}")
+batch = ckpt.task.sample(3, seed=0)
+session.reset(3)
+gap = np.abs(session.predict(session.push(batch.tokens.numpy())[:, -1]) - ckpt.model.predict(batch.tokens).detach().numpy()).max()
+print(len(ds), bare.metrics["test_loss"] == ckpt.metrics["test_loss"], gap < 1e-5)
+"""
+    env = {**os.environ, "HF_ENDPOINT": served["endpoint"], "HF_HOME": str(tmp_path / "hf")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-3:] == ["10000", "True", "True"], out.stdout
+    pull = subprocess.run([sys.executable, "-m", "zoo.cli", "pull", "icl-zoo/lsa-gd-zucchet-icl", "--revision",
+                           INDEX["version"]], env=env, capture_output=True, text=True, timeout=300)
+    assert pull.returncode == 0 and "hashes verified" in pull.stdout, pull.stderr[-2000:]
+
+
 # ---------------------------------------------------------------- loading by bare name, offline
 def test_bare_name_loads_the_shipped_release_offline(monkeypatch):
     monkeypatch.delenv("HF_ENDPOINT", raising=False)
