@@ -1,7 +1,6 @@
 """Hub: publish to a local hub, serve it with olah, pull back with the ordinary clients;
 the real-Hub path checked at the HTTP boundary."""
 
-import base64
 import json
 import os
 import shutil
@@ -100,31 +99,7 @@ def test_repo_ids_cannot_escape_the_local_hub(bad, tmp_path):
 
 
 # ---------------------------------------------------------------- the real Hub, at the HTTP boundary
-class FakeHub:
-    """An httpx transport answering the Hub API calls `publish_hub` makes, recording them."""
-
-    def __init__(self):
-        self.calls = []
-        self.committed = []
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        path = request.url.path
-        self.calls.append((request.method, request.url.host, path, request.headers.get("authorization")))
-        if path == "/api/repos/create":
-            body = json.loads(request.content)
-            return httpx.Response(200, json={"url": f"https://hub.test/{body['organization']}/{body['name']}"})
-        if path == "/api/validate-yaml":
-            return httpx.Response(200, json={"errors": [], "warnings": []})
-        if path.endswith("/preupload/main"):
-            files = json.loads(request.content)["files"]
-            return httpx.Response(200, json={"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]})
-        if path.endswith("/commit/main"):
-            for line in request.content.decode().splitlines():
-                item = json.loads(line)
-                if item["key"] == "file":
-                    self.committed.append((item["value"]["path"], base64.b64decode(item["value"]["content"])))
-            return httpx.Response(200, json={"commitUrl": "https://hub.test/c/" + "b" * 40, "commitOid": "b" * 40})
-        return httpx.Response(404, json={"error": f"unexpected call {path}"})
+from fake_hub import FakeHub  # noqa: E402
 
 
 def test_publish_to_real_hub_makes_the_right_calls(published, monkeypatch):

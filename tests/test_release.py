@@ -223,33 +223,7 @@ def test_archive_roundtrip_and_hostile_members(small_release, tmp_path):
 
 
 # ---------------------------------------------------------------- the real Hub, at the HTTP boundary
-class FakeHub:
-    """Answers the Hub API calls of `zoo release publish`: repos, commits, tags, a collection."""
-
-    def __init__(self):
-        self.calls = []
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        path = request.url.path
-        self.calls.append((request.method, path))
-        collection = {"slug": "org/icl-zoo-v0-1", "title": "icl-zoo", "owner": {"name": "org"}, "items": [],
-                      "lastUpdated": "2026-01-01T00:00:00.000Z", "position": 0, "private": False,
-                      "theme": "blue", "upvotes": 0}
-        if path == "/api/repos/create":
-            body = json.loads(request.content)
-            return httpx.Response(200, json={"url": f"https://hub.test/{body['organization']}/{body['name']}"})
-        if path == "/api/validate-yaml":
-            return httpx.Response(200, json={"errors": [], "warnings": []})
-        if path.endswith("/preupload/main"):
-            files = json.loads(request.content)["files"]
-            return httpx.Response(200, json={"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]})
-        if path.endswith("/commit/main"):
-            return httpx.Response(200, json={"commitUrl": "https://hub.test/c/" + "b" * 40, "commitOid": "b" * 40})
-        if path.endswith("/tag/main"):
-            return httpx.Response(200, json={})
-        if path in ("/api/collections", "/api/collections/org/icl-zoo-v0-1/items"):
-            return httpx.Response(200, json=collection)
-        return httpx.Response(404, json={"error": f"unexpected call {path}"})
+from fake_hub import FakeHub  # noqa: E402
 
 
 def test_release_publish_pushes_tags_and_collects(small_release):
@@ -263,7 +237,7 @@ def test_release_publish_pushes_tags_and_collects(small_release):
         out = release.publish_release("org", hub="https://hub.test", root=small_release, token="hf_test", progress=False)
     finally:
         set_client_factory(previous)
-    paths = [p for _, p in fake.calls]
+    paths = fake.paths
     assert out["repos"] == ["org/gated-rnn-zucchet-icl", "org/lsa-gd-zucchet-icl", "org/zucchet-icl"]
     for repo, kind in (("org/gated-rnn-zucchet-icl", "models"), ("org/lsa-gd-zucchet-icl", "models"),
                        ("org/zucchet-icl", "datasets")):
