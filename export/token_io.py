@@ -76,6 +76,8 @@ def parse_line(line: str, where: str) -> np.ndarray:
             value = json.loads(text)
         except json.JSONDecodeError as e:
             raise TokenError(f"{where}: not valid JSON ({e.msg})") from None
+        except (RecursionError, ValueError) as e:  # absurd nesting, 5000-digit integers
+            raise TokenError(f"{where}: not a token ({type(e).__name__})") from None
         if not isinstance(value, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
             kind = type(value).__name__ if not isinstance(value, list) else "list with non-numbers"
             raise TokenError(f"{where}: expected a JSON list of numbers (one token), got a {kind}")
@@ -86,12 +88,21 @@ def parse_line(line: str, where: str) -> np.ndarray:
         raise TokenError(f"{where}: expected comma-separated numbers or a JSON list, got {text[:60]!r}") from None
 
 
+def _numbered(lines, source: str):
+    number = 0
+    try:
+        for number, line in enumerate(lines, 1):
+            yield number, line
+    except UnicodeDecodeError:
+        raise TokenError(f"{source}:{number + 1}: not UTF-8 text (a binary file? .npy inputs need the .npy suffix)") from None
+
+
 def iter_lines(lines, source: str, *, d_in: int | None, nan: str = "refuse") -> Iterator[tuple[int, np.ndarray]]:
     """(line number, token (d_in,)) for every non-empty line, checked as it is read."""
     if nan not in ("refuse", "pass"):
         raise ValueError(f"nan must be 'refuse' or 'pass', got {nan!r}")
     width = d_in
-    for number, line in enumerate(lines, 1):
+    for number, line in _numbered(lines, source):
         if not line.strip():
             continue
         where = f"{source}:{number}"
@@ -112,6 +123,8 @@ def iter_array_chunks(source: str, *, d_in: int, nan: str = "refuse") -> tuple[i
     except (OSError, ValueError) as e:
         raise TokenError(f"{source}: not a readable .npy array ({e})") from None
     arr = as_batch(arr, source)
+    if arr.dtype.kind not in "fiu":
+        raise TokenError(f"{source}: tokens must be real numbers, got dtype {arr.dtype}")
     if arr.shape[2] != d_in:
         raise TokenError(f"{source}: tokens have {arr.shape[2]} values, the model takes d_in = {d_in}")
 

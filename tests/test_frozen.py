@@ -124,3 +124,13 @@ def test_concurrent_loads_of_a_tampered_split_all_succeed():
     results = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], [r[1][-500:] for r in results]
     assert {r[0].strip() for r in results} == {split.sha256}
+
+
+def test_unreadable_cached_split_is_set_aside_and_rebuilt():
+    split = load_split("zucchet-icl", "test")
+    path = cache_dir() / "datasets" / "zucchet-icl" / "test" / "data.parquet"
+    path.write_bytes(b"not a parquet file")
+    with pytest.warns(UserWarning, match="kept as"):
+        again = load_split("zucchet-icl", "test")
+    assert again.sha256 == split.sha256
+    assert any(p.name.startswith("data.parquet.mismatch-") for p in path.parent.iterdir())

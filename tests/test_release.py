@@ -152,6 +152,15 @@ def test_bare_name_never_rebuilds(tmp_path, monkeypatch):
     assert not (tmp_path / "empty").exists()
 
 
+def test_bare_name_and_local_folder_of_the_same_name_is_ambiguous(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(release.release_dir() / "gated-rnn-gd-zucchet-icl", tmp_path / "gated-rnn-zucchet-icl")
+    with pytest.raises(release.ReleaseError, match="write ./gated-rnn-zucchet-icl"):
+        zoo.load("gated-rnn-zucchet-icl")
+    assert zoo.load("./gated-rnn-zucchet-icl").entry.name == "gated-rnn-gd-zucchet-icl"  # the folder, asked for
+
+
 @pytest.fixture
 def small_release(tmp_path):
     """A copy of two released entries with their index rows."""
@@ -220,6 +229,21 @@ def test_archive_roundtrip_and_hostile_members(small_release, tmp_path):
     with pytest.raises(release.ReleaseError, match="refusing archive member"):
         release.unpack_archive(evil, tmp_path / "other" / "release")
     assert not (tmp_path / "escaped.json").exists()
+
+    stray = tmp_path / "stray.tar.gz"  # a member no index row vouches for is never installed
+    (tmp_path / "empty-index.json").write_text(json.dumps({"version": INDEX["version"], "entries": {}}))
+    with tarfile.open(stray, "w:gz") as tar:
+        tar.add(tmp_path / "empty-index.json", arcname="release/index.json")
+        tar.add(small_release / "lsa-gd-zucchet-icl" / "config.json", arcname="release/other-entry/config.json")
+    with pytest.raises(release.ReleaseError, match="not covered by its index: other-entry"):
+        release.unpack_archive(stray, tmp_path / "third" / "release")
+    assert not (tmp_path / "third").exists()
+
+    index = json.loads((small_release / release.INDEX_JSON).read_text())
+    index["entries"]["../../victim"] = {"entry": "../../victim", "files": {}}
+    (small_release / release.INDEX_JSON).write_text(json.dumps(index))
+    with pytest.raises(release.ReleaseError, match="not a valid release index"):
+        release.read_index(small_release)
 
 
 # ---------------------------------------------------------------- the real Hub, at the HTTP boundary

@@ -330,3 +330,43 @@ def test_sigterm_takes_olah_and_its_temp_folder_down(tmp_path):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", port))  # the port is free again
     assert not any((tmp_path / "tmp").iterdir())
+
+
+# ---------------------------------------------------------------- found by review
+def test_metrics_file_must_be_listed_and_verified(built, tmp_path):
+    """eval_results.json steers the GD reference of `zoo eval`: it is hashed like the weights."""
+    dst = _copy(built, tmp_path)
+    metrics = json.loads((dst / "eval_results.json").read_text())
+    metrics["gd_eta"] = 10.0
+    (dst / "eval_results.json").write_text(json.dumps(metrics))
+    with pytest.raises(CheckpointError, match="eval_results.json has SHA-256"):
+        zoo.load(dst)
+    config = json.loads((dst / "config.json").read_text())
+    del config["files"]["eval_results.json"]
+    _resign(dst, config)
+    with pytest.raises(CheckpointError, match="eval_results.json is not listed"):
+        zoo.load(dst)
+
+
+def test_stream_refuses_to_overwrite_its_input(built, tmp_path):
+    tokens = tmp_path / "t.npy"
+    np.save(tokens, np.ones((10, 6), np.float32))
+    before = tokens.read_bytes()
+    out = subprocess.run([*ZOO, "stream", str(built), "--input", str(tokens), "--output", str(tokens)],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "is the input file" in out.stderr
+    assert tokens.read_bytes() == before
+
+
+@pytest.mark.parametrize("line", ["[" * 100_000, "9" * 5000 + ",1,1,1,1,1"])
+def test_stream_absurd_lines_are_one_line_errors(built, line):
+    out = subprocess.run([*ZOO, "stream", str(built), "--input", "-"], input=line + "\n", capture_output=True, text=True)
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "-:1:" in out.stderr
+
+
+def test_state_out_writes_exactly_the_named_file(built, tmp_path):
+    tokens = tmp_path / "t.npy"
+    np.save(tokens, np.ones((5, 6), np.float32))
+    subprocess.run([*ZOO, "stream", str(built), "--input", str(tokens), "--output", str(tmp_path / "o.npy"),
+                    "--state-out", str(tmp_path / "state")], check=True, capture_output=True)
+    assert (tmp_path / "state").is_file() and not (tmp_path / "state.npz").exists()

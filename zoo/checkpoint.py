@@ -218,10 +218,22 @@ def verify_files(folder: Path) -> dict:
     if recorded is not None and recorded != config_core_sha256(config):
         raise CheckpointError(f"{config_path} was edited after the weights were saved (its hash is "
                               f"{config_core_sha256(config)}, the weights record {recorded}); refusing to load it")
-    for graph in ("model.onnx", "model_step.onnx"):
-        if (folder / graph).exists() and graph not in files:
-            raise CheckpointError(f"{folder}: {graph} is not listed in {CONFIG} with a hash; refusing to run it")
+    # Everything the zoo reads from the folder is listed with a hash: graphs, metrics, history.
+    for name in ("model.onnx", "model_step.onnx", EVAL_RESULTS, HISTORY):
+        if ((folder / name).exists() or (folder / name).is_symlink()) and name not in files:
+            raise CheckpointError(f"{folder}: {name} is not listed in {CONFIG} with a hash; refusing to use it")
     return config
+
+
+def _read_json(folder: Path, name: str):
+    """A listed (hence verified) JSON file of the checkpoint, or None when absent."""
+    if not (folder / name).exists() and not (folder / name).is_symlink():
+        return None
+    path = contained_file(folder, name)
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
 
 
 def read_checkpoint(folder: Path, map_location: str | torch.device = "cpu") -> Checkpoint:
@@ -239,16 +251,14 @@ def read_checkpoint(folder: Path, map_location: str | torch.device = "cpu") -> C
 
     model = create_model(entry.arch, task_spec.build())
     load_weights_strict(model, folder / WEIGHTS)
-    metrics_path = folder / EVAL_RESULTS
-    history_path = folder / HISTORY
     return Checkpoint(
         model=model.to(map_location).eval(),
         entry=entry,
         task_spec=task_spec,
         provenance=config.get("provenance", {}),
         construction=config.get("construction"),
-        metrics=json.loads(metrics_path.read_text()) if metrics_path.exists() else {},
-        history=json.loads(history_path.read_text()) if history_path.exists() else [],
+        metrics=_read_json(folder, EVAL_RESULTS) or {},
+        history=_read_json(folder, HISTORY) or [],
     )
 
 

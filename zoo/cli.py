@@ -183,11 +183,6 @@ def cmd_hub_serve(args) -> int:
 
     from zoo.hub import default_local_hub, start_server
 
-    root = Path(args.dir) if args.dir else default_local_hub()
-    if not args.no_release:
-        from zoo.release import import_to_hub
-
-        import_to_hub(root)
     import signal
 
     from zoo.hub import stop_server
@@ -196,8 +191,17 @@ def cmd_hub_serve(args) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupted)
+    root = Path(args.dir) if args.dir else default_local_hub()
     proc = None
     try:
+        if args.port:  # a busy port is refused before the (longer) import
+            from zoo.hub import check_port_free
+
+            check_port_free(args.port)
+        if not args.no_release:
+            from zoo.release import import_to_hub
+
+            import_to_hub(root)
         proc, endpoint = start_server(root, args.port)
         print(f"serving the local hub {root} with olah at {endpoint}", flush=True)
         print(f"  export HF_ENDPOINT={endpoint}    # then huggingface_hub / datasets / zoo use it", flush=True)
@@ -245,6 +249,9 @@ def cmd_stream(args) -> int:
 
     session = StreamingSession(args.path, revision=args.revision, endpoint=args.endpoint)
     select = (lambda out: out) if args.raw else session.predict
+    if args.output and Path(args.output).exists() and Path(args.input).exists() and \
+            Path(args.output).resolve() == Path(args.input).resolve():
+        raise ValueError(f"--output {args.output} is the input file; writing it would destroy the tokens being read")
     if is_array_file(args.input):
         batch, chunks = iter_array_chunks(args.input, d_in=session.d_in, nan=args.nan)
         session.reset(batch)
@@ -263,7 +270,8 @@ def cmd_stream(args) -> int:
                 writer.write(select(session.push(token[None, None]))[:, :], flush=True)
     writer.close()
     if args.state_out:
-        np.savez(args.state_out, **session.state)
+        with open(args.state_out, "wb") as f:  # exactly this name (np.savez would append .npz to a path)
+            np.savez(f, **session.state)
         print(f"state after {session.steps} tokens → {args.state_out} (resume with --state-in)", file=sys.stderr)
     return 0
 

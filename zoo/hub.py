@@ -226,19 +226,23 @@ def olah_config(root: Path, port: int, workdir: Path) -> Path:
     return cfg
 
 
-def start_server(root: Path | None = None, port: int | None = None, *, timeout: float = 60.0,
-                 log: Path | None = None) -> tuple[subprocess.Popen, str]:
-    """Start olah over the local hub on 127.0.0.1; returns (process, endpoint) once it answers."""
-    import urllib.request
-
-    root = Path(root) if root else default_local_hub()
-    root.mkdir(parents=True, exist_ok=True)
-    port = port or free_port()
-    with socket.socket() as probe:  # another server on the port would answer the health check for us
+def check_port_free(port: int) -> None:
+    """Refuse a port another server holds: it would answer our health check and we would say "serving"."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is free
         try:
             probe.bind(("127.0.0.1", port))
         except OSError as e:
             raise HubError(f"port {port} on 127.0.0.1 is already in use ({e.strerror}); choose another with --port") from None
+
+
+def start_server(root: Path | None = None, port: int | None = None, *, timeout: float = 60.0,
+                 log: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """Start olah over the local hub on 127.0.0.1; returns (process, endpoint) once it answers."""
+    root = Path(root) if root else default_local_hub()
+    root.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    check_port_free(port)
     workdir = Path(tempfile.mkdtemp(prefix="icl-zoo-olah-"))
     cfg = olah_config(root, port, workdir)
     log_file = open(log or workdir / "olah.log", "w")
@@ -248,12 +252,20 @@ def start_server(root: Path | None = None, port: int | None = None, *, timeout: 
     )
     proc.workdir = workdir  # removed by stop_server
     endpoint = f"http://127.0.0.1:{port}"
+    try:
+        return _wait_until_up(proc, endpoint, log_file, timeout)
+    except BaseException:  # Ctrl-C / SIGTERM while starting: olah and its temp folder go too
+        stop_server(proc)
+        raise
+
+
+def _wait_until_up(proc, endpoint: str, log_file, timeout: float):
+    import urllib.request
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            log = Path(log_file.name).read_text()[-2000:]
-            stop_server(proc)
-            raise HubError(f"olah exited with code {proc.returncode}:\n{log}")
+            raise HubError(f"olah exited with code {proc.returncode}:\n{Path(log_file.name).read_text()[-2000:]}")
         try:
             urllib.request.urlopen(endpoint + "/api/models/zoo-health/check", timeout=1)
             return proc, endpoint
@@ -261,7 +273,6 @@ def start_server(root: Path | None = None, port: int | None = None, *, timeout: 
             return proc, endpoint  # it answered (404 for the unknown repo): up
         except OSError:
             time.sleep(0.2)
-    stop_server(proc)
     raise HubError(f"olah did not answer on {endpoint} within {timeout:.0f}s")
 
 

@@ -46,9 +46,9 @@ def run_release(out: Path, entry: str = RELEASE_DEMO_ENTRY) -> dict:
     with hub.serve(root) as endpoint:
         console.print(f"  HF_ENDPOINT={endpoint}")
         say(f"pulling icl-zoo/{entry}@{index['version']} with huggingface_hub (zoo.load, hashes verified)")
-        ckpt = zoo.load(f"icl-zoo/{entry}", revision=index["version"], endpoint=endpoint)
         folder = release.resolve(f"icl-zoo/{entry}", revision=index["version"], endpoint=endpoint)
-        release.verify_folder(folder, row)
+        release.verify_folder(folder, row)  # against the shipped index, before anything reads it
+        ckpt = zoo.load(folder)
         card = json.loads((folder / "eval_results.json").read_text())
         console.print(f"  {ckpt.entry.description}")
         console.print(f"  {release.run_summary(row)}")

@@ -56,10 +56,23 @@ def release_dir() -> Path:
 
 
 def read_index(root: Path | None = None) -> dict:
+    """The release index; every entry name in it is a safe name and every row lists its files."""
+    from zoo.tasks.frozen import safe_name
+
     path = Path(root or release_dir()) / INDEX_JSON
     if not path.is_file():
         return {"version": VERSION, "entries": {}}
-    return json.loads(path.read_text())
+    try:
+        index = json.loads(path.read_text())
+        for name, row in index["entries"].items():
+            safe_name(name, "release entry")
+            if row.get("entry") != name or not isinstance(row.get("files"), dict):
+                raise ValueError(f"row {name!r} does not name itself or list its files")
+            for file in row["files"]:
+                safe_name(file.lower(), "released file")
+    except (ValueError, KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
+        raise ReleaseError(f"{path}: not a valid release index ({e})") from None
+    return index
 
 
 def fingerprint(entry: dict, task: dict) -> str:
@@ -85,7 +98,9 @@ def unknown_entry_error(name: str) -> RegistryError:
 def verify_folder(folder: Path, row: dict) -> None:
     """Every file the index records for an entry is present, a regular file and has its hash; nothing else is there."""
     folder = Path(folder)
-    recorded = row["files"]
+    recorded = row.get("files")
+    if not isinstance(recorded, dict):
+        raise ReleaseError(f"{folder}: its release index row lists no files")
     present = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
     for name, digest in recorded.items():
         try:
@@ -113,9 +128,12 @@ def released_folder(name: str, *, revision: str | None = None, endpoint: str | N
     if endpoint:
         from zoo.hub import resolve_folder
 
+        if revision is None and row is None:  # nothing to check a download against: refuse, never trust it
+            raise ReleaseError(f"{name!r} is not in the release shipped with this package, so its download from "
+                               f"{endpoint} cannot be verified; load it as '{ORG}/{name}' with an explicit revision")
         folder = resolve_folder(f"{ORG}/{name}", revision=revision or index["version"], endpoint=endpoint)
         if row is not None and (revision or index["version"]) == index["version"]:
-            verify_folder(folder, row)
+            verify_folder(folder, row)  # the shipped index is the trust root; another revision is the user's choice
         return folder
     if row is None:
         raise ReleaseError(f"{name!r} is a registry entry but not in the release shipped with this package "
@@ -128,11 +146,16 @@ def released_folder(name: str, *, revision: str | None = None, endpoint: str | N
 def resolve(path_or_repo: str | Path, *, revision: str | None = None, endpoint: str | None = None) -> Path:
     """A checkpoint folder from a local folder, a Hub repo id `ORG/NAME` or a bare entry name."""
     folder = Path(path_or_repo)
+    text = str(path_or_repo)
+    if "/" not in text and text in default_registry().entries:  # a bare entry name: the released checkpoint
+        if folder.is_dir():
+            raise ReleaseError(f"{text!r} names both a registry entry (its released checkpoint) and a local folder; "
+                               f"write ./{text} for the folder")
+        return released_folder(text, revision=revision, endpoint=endpoint)
     if folder.is_dir():
         return folder
-    text = str(path_or_repo)
     if "/" not in text:
-        return released_folder(text, revision=revision, endpoint=endpoint)
+        raise unknown_entry_error(text)
     from zoo.hub import resolve_folder
 
     return resolve_folder(text, revision=revision, endpoint=endpoint)
@@ -175,7 +198,7 @@ def _on_cuda(device: str) -> bool:
 
 
 def build_entry(name: str, root: Path, *, time_budget: float | None, device: str | None, threads: int | None,
-                progress: bool = False) -> dict:
+                force: bool = False, progress: bool = False) -> dict:
     """Build entry `name` into `root/<name>` and return its index row (also run in worker processes)."""
     import torch
 
@@ -191,9 +214,12 @@ def build_entry(name: str, root: Path, *, time_budget: float | None, device: str
     steps, rate = None, None
     if entry.source.kind == "trained":
         steps, rate = run_length(name, device, time_budget)
-        marker = work / "run.json"  # a resumed build must continue the same run length
-        if marker.exists() and json.loads(marker.read_text()).get("steps") != steps:
-            steps = json.loads(marker.read_text())["steps"]
+        marker = work / "run.json"  # a resumed build continues the same run length, for the same definition
+        previous = json.loads(marker.read_text()) if marker.is_file() else None
+        if previous is not None and (force or previous.get("fingerprint") != entry_fingerprint(name)):
+            shutil.rmtree(work)  # a forced rebuild, or the recipe changed: the old state is not this run's
+        elif previous is not None:
+            steps = previous["steps"]
         work.mkdir(parents=True, exist_ok=True)
         marker.write_text(json.dumps({"steps": steps, "fingerprint": entry_fingerprint(name)}))
         from zoo.models import create_model
@@ -214,9 +240,12 @@ def build_entry(name: str, root: Path, *, time_budget: float | None, device: str
     for path in sorted((work / "ckpt").iterdir()):
         if path.is_file() and not path.is_symlink() and path.suffix in SHIPPED:
             shutil.copyfile(path, staged / path.name)
-    final = root / name
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(staged, final)  # a folder is either the old complete build or the new one
+    final, old = root / name, root / f".{name}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(staged, final)  # the new folder appears whole; the old one is removed after
+    shutil.rmtree(old, ignore_errors=True)
     shutil.rmtree(work, ignore_errors=True)
     return index_row(name, final, build_seconds=seconds, steps_per_second=rate)
 
@@ -306,7 +335,7 @@ def build_release(root: Path | None = None, *, only: list[str] | None = None, ti
     # Trained entries first: they are the long ones, so parallel workers end together.
     todo.sort(key=lambda n: (registry.entries[n].source.kind != "trained", n))
     started = time.perf_counter()
-    kwargs = {"time_budget": time_budget, "device": device, "threads": threads}
+    kwargs = {"time_budget": time_budget, "device": device, "threads": threads, "force": force}
 
     def finished(name: str, row: dict) -> None:
         rows[name] = row
@@ -452,6 +481,10 @@ def unpack_archive(path: Path, dest: Path) -> Path:
             index = read_index(unpacked)
             for name, row in index["entries"].items():
                 verify_folder(unpacked / name, row)
+            covered = {INDEX_JSON, INDEX_MD, *index["entries"]}
+            strays = sorted(p.name for p in unpacked.iterdir() if p.name not in covered)
+            if strays:  # nothing the index does not vouch for is installed
+                raise ReleaseError(f"{path}: members not covered by its index: {', '.join(strays)}")
             for p in sorted(unpacked.iterdir()):
                 target = dest / p.name
                 if target.is_dir():

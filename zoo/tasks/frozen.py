@@ -174,17 +174,20 @@ def load_split(task_name: str, split: str, *, rebuild: bool = False) -> FrozenSp
         generated = _generate_verified(spec, s, name)
         expected = content_hash(*generated)
     if not rebuild and path.is_file():
-        try:  # another process may be repairing it right now: then take the locked path below
+        try:  # another process may be repairing it right now, or it is unreadable: the locked path below
             x, y = read_parquet_arrays(path)
-        except (OSError, ValueError):
+        except Exception:
             x = y = None
         if x is not None and (got := content_hash(x, y)) == expected:
             return FrozenSplit(name=name, x=x, y=y, sha256=got)
     with _locked(folder):  # build, rebuild or repair; the first process does it, the others find it done
         old_hash = None
         if path.is_file():
-            x, y = read_parquet_arrays(path)
-            old_hash = content_hash(x, y)
+            try:
+                x, y = read_parquet_arrays(path)
+                old_hash = content_hash(x, y)
+            except Exception:  # not a parquet file, or another schema: set aside like an edited copy
+                old_hash = "unreadable-" + hashlib.sha256(path.read_bytes()).hexdigest()
             if old_hash == expected and not rebuild:
                 return FrozenSplit(name=name, x=x, y=y, sha256=old_hash)
         x, y = generated or _generate_verified(spec, s, name)  # refuses, touching nothing, if it cannot match
@@ -208,7 +211,7 @@ def _set_aside(path: Path, old_hash: str, name: str, expected: str, seed: int) -
     a cache: it is regenerated, and the old file kept beside it as `.mismatch-<hash>`, never lost."""
     import warnings
 
-    aside = path.with_name(f"{path.name}.mismatch-{old_hash[:12]}")
+    aside = path.with_name(f"{path.name}.mismatch-{old_hash.removeprefix('unreadable-')[:12]}")
     os.replace(path, aside)
     warnings.warn(f"frozen split {name}: the cached copy had content hash {old_hash}, not {expected}; "
                   f"regenerated it from seed {seed} (the old file is kept as {aside})", stacklevel=3)
