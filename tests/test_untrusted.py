@@ -370,3 +370,19 @@ def test_state_out_writes_exactly_the_named_file(built, tmp_path):
     subprocess.run([*ZOO, "stream", str(built), "--input", str(tokens), "--output", str(tmp_path / "o.npy"),
                     "--state-out", str(tmp_path / "state")], check=True, capture_output=True)
     assert (tmp_path / "state").is_file() and not (tmp_path / "state.npz").exists()
+
+
+def test_hub_dataset_without_any_hash_is_refused(built, tmp_path, capsys):
+    """`zoo eval --dataset` scores a download only against a hash: the checkpoint's, else the registry's."""
+    from zoo.cli import main
+
+    dst = _copy(built, tmp_path)
+    config = json.loads((dst / "config.json").read_text())
+    config["provenance"]["dataset_hashes"] = {}
+    config["entry"]["task"] = "zucchet-icl--n_context=7"  # a variant: the registry records no hash for it
+    config["task"]["n_context"] = 7
+    for split in config["task"]["splits"].values():
+        split["sha256"] = None
+    _resign(dst, config)
+    code = main(["eval", str(dst), "--dataset", "someone/split", "--endpoint", "http://127.0.0.1:9"])
+    assert code == 2 and "cannot be verified; refusing to score it" in capsys.readouterr().err
