@@ -1,6 +1,7 @@
 """The release: every registry entry's checkpoint is shipped, served by the local hub, pulled with plain
 huggingface_hub, hash-verified, re-scored to its card's number and streamed through ONNX against torch."""
 
+import copy
 import json
 import re
 import shutil
@@ -86,19 +87,26 @@ def test_released_entry_pulls_rescores_and_streams(served, name):
     tokens = split.batch(ckpt.task).tokens[:STREAMED]
     with torch.no_grad():
         reference = ckpt.model.float()(tokens).numpy()
-    tol = 1e-4 * max(1.0, float(np.abs(reference).max()))
+        exact = copy.deepcopy(ckpt.model).double()(tokens.double()).numpy()
     sequence = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
     (out,) = sequence.run(None, {"tokens": tokens.numpy()})
-    np.testing.assert_allclose(out, reference, atol=tol, rtol=0)
+    graphs = [out]
     if (folder / "model_step.onnx").exists():
         from export import StreamingSession
 
         session = StreamingSession(folder)
         session.reset(tokens.shape[0])
-        steps = np.stack([session.push(tokens[:, t].numpy()) for t in range(tokens.shape[1])], axis=1)
-        np.testing.assert_allclose(steps, reference, atol=tol, rtol=0)
+        graphs.append(np.stack([session.push(tokens[:, t].numpy()) for t in range(tokens.shape[1])], axis=1))
     else:
         assert not getattr(ckpt.model, "recurrent", False), "a recurrent entry must ship its step graph"
+    for got in graphs:
+        if getattr(ckpt.entry.source, "construction", None) == "lstm_from_lsa":
+            # Read out with weights 16/ε³ ≈ 1.6e7: fp32 rounding is amplified by design (test_export.py);
+            # the graphs must be as close to the float64 model as the fp32 torch model is.
+            rel = lambda x: np.sqrt(((x - exact) ** 2).mean() / (exact**2).mean())  # noqa: E731
+            assert rel(got) < 0.05 and rel(got) < 2 * rel(reference), (rel(got), rel(reference))
+        else:
+            np.testing.assert_allclose(got, reference, atol=1e-4 * max(1.0, float(np.abs(reference).max())), rtol=0)
 
 
 def test_plain_clients_with_hf_endpoint(served, tmp_path):
