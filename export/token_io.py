@@ -116,8 +116,8 @@ def iter_lines(lines, source: str, *, d_in: int | None, nan: str = "refuse") -> 
         yield number, token
 
 
-def iter_array_chunks(source: str, *, d_in: int, nan: str = "refuse") -> tuple[int, Iterator[np.ndarray]]:
-    """(batch, chunks (B, ≤CHUNK, d_in)) of a .npy file, memory-mapped: constant memory at any length."""
+def iter_array_chunks(source: str, *, d_in: int, nan: str = "refuse") -> tuple[tuple[int, int, int], Iterator[np.ndarray]]:
+    """(shape (B, T, d_in), chunks (B, ≤CHUNK, d_in)) of a .npy file, memory-mapped: constant memory at any length."""
     try:
         arr = np.load(source, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError) as e:
@@ -136,7 +136,7 @@ def iter_array_chunks(source: str, *, d_in: int, nan: str = "refuse") -> tuple[i
                 raise TokenError(f"{source}: non-finite value at token {t}; pass --nan pass to feed it anyway")
             yield chunk
 
-    return arr.shape[0], chunks()
+    return arr.shape, chunks()
 
 
 class OutputWriter:

@@ -76,14 +76,13 @@ def claim_run_dir(run_dir: Path, entry: Entry, spec, *, seed: int, steps: int, m
     """Record which run a resumable training state belongs to, or refuse a state that belongs to
     another one (another entry, recipe, task, seed or step count): resuming it would save that
     run's weights under this run's name."""
-    import hashlib
     import json
+
+    from zoo.registry import definition_sha256
 
     identity = {
         "entry": entry.name,
-        "definition": hashlib.sha256(json.dumps(
-            {"arch": entry.arch.model_dump(mode="json"), "source": entry.source.model_dump(mode="json"),
-             "task": spec.model_dump(mode="json")}, sort_keys=True).encode()).hexdigest(),
+        "definition": definition_sha256(entry.model_dump(mode="json"), spec.model_dump(mode="json")),
         "seed": seed if members is None else members,
         "steps": steps,
     }

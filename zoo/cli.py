@@ -253,10 +253,9 @@ def cmd_stream(args) -> int:
             Path(args.output).resolve() == Path(args.input).resolve():
         raise ValueError(f"--output {args.output} is the input file; writing it would destroy the tokens being read")
     if is_array_file(args.input):
-        batch, chunks = iter_array_chunks(args.input, d_in=session.d_in, nan=args.nan)
+        (batch, length, _), chunks = iter_array_chunks(args.input, d_in=session.d_in, nan=args.nan)
         session.reset(batch)
         _restore_state(session, args.state_in)
-        length = np.load(args.input, mmap_mode="r", allow_pickle=False).shape[-2]
         width = session.d_out if args.raw else session.readout["stop"] - session.readout["start"]
         writer = OutputWriter(args.output, (batch, length, width))
         for chunk in chunks:

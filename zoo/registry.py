@@ -291,6 +291,16 @@ class Registry:
         return self.tasks[name]
 
 
+def definition_sha256(entry: dict, task: dict) -> str:
+    """SHA-256 of what determines an entry's weights: its arch, its source (recipe or construction)
+    and its task (JSON dumps, as in a checkpoint's config.json)."""
+    import hashlib
+    import json
+
+    doc = {"arch": entry["arch"], "source": entry["source"], "task": task}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
 def initial_construction(entry: Entry) -> Entry:
     """A trained entry with `source.init` as the constructed entry its training starts from."""
     return entry.model_copy(update={"source": Construction(kind="constructed", construction=entry.source.init)})

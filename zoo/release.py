@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import difflib
-import hashlib
 import json
 import os
 import shutil
@@ -28,7 +27,7 @@ from pathlib import Path
 import zoo
 from zoo.checkpoint import CONFIG, CheckpointError, contained_file, sha256_file
 from zoo.expected import check, verdict
-from zoo.registry import RegistryError, default_registry, get_entry, get_task_spec
+from zoo.registry import RegistryError, default_registry, definition_sha256, get_entry, get_task_spec
 
 VERSION = f"v{zoo.__version__}"  # the git tag of every released repo on a hub
 ORG = "icl-zoo"
@@ -75,17 +74,10 @@ def read_index(root: Path | None = None) -> dict:
     return index
 
 
-def fingerprint(entry: dict, task: dict) -> str:
-    """SHA-256 of what determines an entry's weights: its arch, its source (recipe or construction)
-    and its task. An entry built from another fingerprint than the registry's is stale."""
-    doc = {"arch": entry["arch"], "source": entry["source"], "task": task}
-    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
-
-
 def entry_fingerprint(name: str) -> str:
-    """The registry's current fingerprint of entry `name`."""
+    """The registry's current `definition_sha256` of entry `name`; a release built from another is stale."""
     entry = get_entry(name)
-    return fingerprint(entry.model_dump(mode="json"), get_task_spec(entry.task).model_dump(mode="json"))
+    return definition_sha256(entry.model_dump(mode="json"), get_task_spec(entry.task).model_dump(mode="json"))
 
 
 def unknown_entry_error(name: str) -> RegistryError:
@@ -191,19 +183,13 @@ def run_length(name: str, device: str, time_budget: float | None) -> tuple[int, 
     return min(recipe_steps, affordable), rate
 
 
-def _on_cuda(device: str) -> bool:
-    import torch
-
-    return torch.device(device).type == "cuda"
-
-
 def build_entry(name: str, root: Path, *, time_budget: float | None, device: str | None, threads: int | None,
                 force: bool = False, progress: bool = False) -> dict:
     """Build entry `name` into `root/<name>` and return its index row (also run in worker processes)."""
     import torch
 
     from zoo.builder import build, build_ensemble
-    from zoo.train import default_device
+    from zoo.train import default_device, on_cuda
 
     if threads:
         torch.set_num_threads(threads)
@@ -225,7 +211,7 @@ def build_entry(name: str, root: Path, *, time_budget: float | None, device: str
         from zoo.models import create_model
 
         vmappable = getattr(create_model(entry.arch, get_task_spec(entry.task).build()), "vmappable", True)
-        if _on_cuda(device) and vmappable:  # one CUDA-graph replay per step (zoo/ensemble.py)
+        if on_cuda(device) and vmappable:  # one CUDA-graph replay per step (zoo/ensemble.py)
             build_ensemble(name, [entry.source.seed], [work / "ckpt"], run_dir=work / "ensemble", steps=steps,
                            device=device, progress=progress)
         else:
@@ -276,7 +262,7 @@ def index_row(name: str, folder: Path, *, build_seconds: float | None = None, st
         "checks": [c.as_dict() for c in checks],
         "verdict": verdict(checks),
         "commit": prov.get("git_commit"),
-        "fingerprint": fingerprint(config["entry"], config["task"]),  # what the weights were built from
+        "fingerprint": definition_sha256(config["entry"], config["task"]),  # what the weights were built from
         "files": {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file()},
     }
     row["note"] = shortfall_note(row)
@@ -387,7 +373,7 @@ def _adoptable(folder: Path, name: str) -> bool:
         config = verify_files(folder)
     except (CheckpointError, OSError):
         return False
-    return fingerprint(config["entry"], config["task"]) == entry_fingerprint(name)
+    return definition_sha256(config["entry"], config["task"]) == entry_fingerprint(name)
 
 
 def _is_current(root: Path, row: dict | None) -> bool:

@@ -115,10 +115,12 @@ def run_group(runs: list[Run], out_dir: str, steps: int | None, device: str | No
     several unfinished ones, then read back like any run."""
     from zoo.checkpoint import CONFIG
 
+    from zoo.train import on_cuda
+
     pending = [r for r in runs if not (Path(out_dir) / r.name / CONFIG).exists()]
     _limit_threads(threads)
     # On a GPU even one run goes through the ensemble trainer: its step is one CUDA graph replay.
-    batched = bool(pending) and (len(pending) > 1 or _on_cuda(device)) and ensemble_capable(pending[0])
+    batched = bool(pending) and (len(pending) > 1 or on_cuda(device)) and ensemble_capable(pending[0])
     if batched:
         from zoo.builder import build_ensemble
 
@@ -142,12 +144,6 @@ def ensemble_capable(run: Run) -> bool:
     if entry.source.kind != "trained":
         return False
     return getattr(create_model(entry.arch, get_task_spec(entry.task).build()), "vmappable", True)
-
-
-def _on_cuda(device: str | None) -> bool:
-    import torch
-
-    return torch.device(device).type == "cuda" if device else torch.cuda.is_available()
 
 
 def groups_of(runs: list[Run], ensemble: bool) -> list[list[Run]]:

@@ -37,6 +37,11 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def on_cuda(device: str | torch.device | None) -> bool:
+    """Would training on `device` (default: `default_device()`) run on CUDA?"""
+    return torch.device(device).type == "cuda" if device else torch.cuda.is_available()
+
+
 def lr_factor(step: int, recipe, total_steps: int) -> float:
     """Multiplier of the peak lr at `step`: linear warm-up, then cosine to final_lr (or constant)."""
     if recipe.warmup_steps and step < recipe.warmup_steps:
