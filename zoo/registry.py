@@ -137,7 +137,7 @@ class GDSSMArch(Strict):
     init_std: float | None = Field(None, gt=0)  # default: 1/sqrt(w f + 1)
     lambda_range: tuple[float, float] = (0.9, 0.999)  # initial Λ ~ U(range)
     # The output is a degree-6 product of parameters; from a random init it falls to the zero predictor
-    # first and must escape that saddle. β = 1 and D = 0 at init let it escape at f = 20 (reports/cpu-2026-11-23-s4).
+    # first and must escape that saddle. β = 1 and D = 0 at init let it escape at f = 20 (reports/sushma-tian-2024/figure-1c.md).
     beta_init: float = Field(0.1, gt=0)  # initial β of every layer
     zero_output: bool = False  # D starts at 0: ŷ = 0 at init without shrinking the other five factors
     embed: int | None = Field(None, gt=0)  # A.3: linear token embedding to this many channels first

@@ -60,7 +60,7 @@ def make_optimizer(model: torch.nn.Module, recipe, *, capturable: bool = False) 
 
     `recipe.optimizer = "adam_l2"` uses Adam with the decay as an L2 term in the gradient: it is
     then normalised with the gradient, so weights the loss never touches shrink by ~lr per step
-    instead of lr·λ·w (Zucchet Table 2's residual terms; reports/gpu-2026-11-23).
+    instead of lr·λ·w (Zucchet Table 2's residual terms; reports/zucchet-2023/table-2.md).
 
     `capturable=True` (for CUDA graphs) keeps AdamW's step counters on the device and makes
     each group's lr a 0-d device tensor that a captured step can rewrite in place."""

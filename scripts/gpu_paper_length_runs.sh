@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Paper-length versions of results that so far ran only short on a 2-core CPU (none of this has run
+# yet): teacher-student d = 4 at 1M steps with the paper's ν lr and with 10× it (reports/zucchet-2023/table-1.md),
+# Table 2 with four seeds (table-2.md), Figure 5 over the full size grid (figure-5.md), the context-size
+# rows (reports/blogpost-2024/figure-9.md), and the GD-SSM baselines, feature dimension and sine waves
+# (reports/sushma-tian-2024/). From the repo root, stage by stage:
+#   launch    five sweep processes in the background (setsid), logs in /tmp/gpu-runs
+#   status    each ensemble's step (from its resumable state), the logs' tails, GPU use
+#   collect   the finished checkpoints (no training states) as $OUT/runs.tar.gz
+# Needs the wheels in .whl (pydantic, datasets; see /work/.library/device/README.md).
+set -u
+stage=${1:?usage: scripts/gpu_paper_length_runs.sh launch|status|collect}
+RUNS=/tmp/gpu-runs
+export ICL_ZOO_CACHE=/tmp/zoo-cache MPLBACKEND=Agg PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
+if [ ! -d /tmp/site ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
+fi
+zoo() { python3 -m zoo.cli "$@"; }
+mkdir -p $RUNS
+GDSSM_LR="--set source.lr=3e-3 --set source.recurrent_lr=1.5e-3 --set source.warmup_steps=200"
+
+case $stage in
+launch)
+  start() { name=$1; shift; setsid nohup bash -c "$(declare -f zoo); $*" >$RUNS/$name.log 2>&1 < /dev/null & }
+  start ts-nu-lr-1e-3 "zoo sweep sweeps/teacher-student-d4.toml --set source.recurrent_lr=null --out $RUNS/ts-nu-lr-1e-3 --quiet"
+  start ts           "zoo sweep sweeps/teacher-student-d4.toml --out $RUNS/ts --quiet"
+  start table-2    "zoo sweep sweeps/table-2.toml --out $RUNS/table-2 --quiet;
+                    zoo sweep sweeps/gd-ssm-feature-dim.toml --steps 100000 --seeds 0 1 2 --out $RUNS/feature-dim --quiet;
+                    zoo sweep sweeps/gd-ssm-feature-dim-key.toml --steps 100000 --seeds 0 1 2 --out $RUNS/feature-dim-key --quiet;
+                    zoo sweep sweeps/gd-ssm-sine.toml --steps 30000 $GDSSM_LR --out $RUNS/sine --quiet"
+  start figure-5   "zoo sweep sweeps/figure-5.toml --ensemble --steps 30000 --out $RUNS/figure-5 --quiet"
+  start gd-ssm     "zoo sweep sweeps/gd-ssm.toml --steps 20000 $GDSSM_LR --out $RUNS/gd-ssm --quiet;
+                    zoo sweep sweeps/context-size.toml --steps 5000 --out $RUNS/context-size --quiet"
+  sleep ${2:-60}; tail -n 3 $RUNS/*.log
+  ;;
+status)
+  sleep ${2:-0}
+  for f in $RUNS/*/.ensembles/*/train_state.json; do
+    [ -e "$f" ] && python3 -c "import json,sys; m=json.load(open(sys.argv[1])); h=m['history'][-1] if m['history'] else {}; print(*sys.argv[1].split('/')[3:6:2], m['step'], h.get('val_loss'))" "$f"
+  done
+  for d in $RUNS/*/; do echo "$d: $(ls -d $d*/ 2>/dev/null | wc -l) finished"; done
+  tail -n 2 $RUNS/*.log; nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+  ;;
+collect)
+  sleep ${2:-0}
+  (cd $RUNS && tar czf ${OUT:?}/runs.tar.gz --exclude='.ensembles/*/train_state.safetensors' --exclude='*.onnx' .)
+  ls -la $OUT
+  ;;
+esac
