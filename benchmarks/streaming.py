@@ -1,14 +1,17 @@
 """Streaming throughput, latency and memory, all against the ONNX token-at-a-time step measured
-in the same run: ONNX Runtime step graph one token per call (the baseline), the chunked path
-(`StreamingSession.push(B, T, d)`: the step graph scanned inside ORT, one call per 1,024 tokens),
-PyTorch eager `step`, and a softmax-attention decoder with a KV cache.
+in the same run: ONNX Runtime step graph one token per call (the baseline); the chunked path
+(`StreamingSession.push(B, T, d)`: the chunk graph model_chunk.onnx, the parallel scan continued
+from the carried state, one call per block of 1,000 tokens); the step graph scanned over time
+inside ORT (what a checkpoint without a chunk graph gets); PyTorch eager `step`; and a
+softmax-attention decoder with a KV cache.
 
 Every (method, batch, length) runs in a fresh process: tokens/s over the stream (aggregate over the
 batch), the peak RSS growth during the stream (sampled every 1000 tokens) above the RSS after setup,
 and, for the step graph, the per-token latency p50/p99.
 
     python benchmarks/streaming.py                                  # lengths 1e3 1e4 1e5, batch 1 and 64
-    python benchmarks/streaming.py --lengths 10000000 --methods onnx-chunk --batches 1   # flat RSS at 1e7
+    python benchmarks/streaming.py --lengths 10000000 --methods onnx-step onnx-chunk --step-max 100000 --batches 1
+                                                                    # flat RSS at 1e7 (step measured at 1e5)
 """
 
 from __future__ import annotations
@@ -70,10 +73,12 @@ def _run(method: str, length: int, batch: int, folder: str, entry: str, queue) -
         return (rng.uniform(-1, 1, (batch, stop - start, d)) * scale).astype(np.float32)
 
     latencies = []
-    if method in ("onnx-step", "onnx-chunk"):
+    if method in ("onnx-step", "onnx-chunk", "onnx-scan"):
         session = StreamingSession(folder, threads=1)
         session.reset(batch)
-        if method == "onnx-chunk":
+        if method == "onnx-scan":
+            session.chunk_path = None  # the step graph scanned over time (as for a checkpoint without model_chunk.onnx)
+        if method != "onnx-step":
             def run_block(tok):
                 session.push(tok)
         else:
@@ -100,7 +105,7 @@ def _run(method: str, length: int, batch: int, folder: str, entry: str, queue) -
             for t in range(tok.shape[1]):
                 dec.step(tok[:1, t])  # one stream: its cache is what grows
     with torch.no_grad():
-        run_block(block(0, min(100, length)))  # warm-up (and the chunk graph's build), outside the measurement
+        run_block(block(0, min(1000, length)))  # warm-up (graphs opened, buffers allocated), outside the measurement
         latencies.clear()
         base = peak = _rss_bytes()
         elapsed = 0.0
@@ -132,7 +137,7 @@ def main(argv=None) -> None:
     ap.add_argument("--entry", default="gated-rnn-gd-zucchet-icl")
     ap.add_argument("--lengths", type=int, nargs="+", default=[1_000, 10_000, 100_000])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 64])
-    ap.add_argument("--methods", nargs="+", default=["onnx-step", "onnx-chunk", "torch-step", "softmax-kv"])
+    ap.add_argument("--methods", nargs="+", default=["onnx-step", "onnx-chunk", "onnx-scan", "torch-step", "softmax-kv"])
     ap.add_argument("--softmax-max", type=int, default=100_000,
                     help="longest stream for the softmax decoder: its per-token cost grows with t (O(T²) total)")
     ap.add_argument("--step-max", type=int, default=100_000,
@@ -148,19 +153,22 @@ def main(argv=None) -> None:
         folder = str(Path(tmp) / args.entry)
         zoo.build(args.entry, folder, progress=False)
         print(f"entry {args.entry}; torch {torch.__version__}, onnxruntime {ort.__version__}, 1 thread; "
-              "ratios against onnx-step at the same batch and length, measured in this run")
+              "ratios against onnx-step at the same batch and length, measured in this run "
+              "(past --step-max: against the step at the longest length measured, marked *)")
         print(f"{'batch':>5} {'length':>10} {'method':>11} {'tokens/s':>12} {'vs step':>8} {'Δ peak RSS':>11} {'p50/p99 µs':>14}")
         for batch in args.batches:
+            base = None
             for length in args.lengths:
-                base = None
+                carried = base is not None
                 for method in args.methods:
                     too_long = (method == "softmax-kv" and length > args.softmax_max) or \
                                (method in ("onnx-step", "torch-step") and length > args.step_max)
                     if too_long or (method == "softmax-kv" and batch > 1):
                         continue
                     r = measure(method, length, batch, folder, args.entry)
-                    base = r["tokens_per_s"] if method == "onnx-step" else base
-                    ratio = f"{r['tokens_per_s'] / base:7.1f}×" if base else "       –"
+                    if method == "onnx-step":
+                        base, carried = r["tokens_per_s"], False
+                    ratio = f"{r['tokens_per_s'] / base:7.1f}×{'*' if carried else ''}" if base else "       –"
                     lat = f"{r['p50_us']:6.1f}/{r['p99_us']:<6.1f}" if "p50_us" in r else ""
                     print(f"{batch:>5} {length:>10} {method:>11} {r['tokens_per_s']:>12,.0f} {ratio} "
                           f"{r['mem_growth_mib']:>8.1f} MiB {lat:>14}")

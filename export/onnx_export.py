@@ -1,7 +1,14 @@
-"""ONNX export of zoo models: a step graph for streaming and a sequence graph for batches.
+"""ONNX export of zoo models: step and chunk graphs for streaming, a sequence graph for batches.
 
 Step graph  (token (B, d_in), state_in.<i>.<name> ...) -> (out (B, d_out), state_out.<i>.<name> ...)
+Chunk graph (tokens (B, T, d_in), state_in.<i>.<name> ...) -> (out (B, T, d_out), state_out.<i>.<name> ...)
 Sequence    (tokens (B, T, d_in)) -> (out (B, T, d_out))
+
+The chunk graph is the model's `forward_chunk`: the parallel form (scans of ⌈log₂ T⌉ doublings)
+continued from a state, for T up to the model's `chunk_len` (longer inputs raise); a runtime
+splits a long stream into chunks and carries the state between them. Families without a
+parallel form (LSTM, GRU, the dense RNN) get the step graph wrapped in an ONNX `Scan` instead,
+exact for any T.
 
 fp32, opset 18, exported with the dynamo exporter (`dynamo=True`, explicit), batch (and T for
 the sequence graph) the only dynamic axes; export traces with batch 2 so no axis is
@@ -21,10 +28,11 @@ from pathlib import Path
 import onnx
 import torch
 
-from zoo.models.scan import EXPORT_MAX_LEN
+from zoo.models.scan import EXPORT_MAX_LEN, export_length, length_guard
 
 OPSET = 18
 STEP_FILE = "model_step.onnx"
+CHUNK_FILE = "model_chunk.onnx"
 SEQUENCE_FILE = "model.onnx"
 EXPORT_BATCH = 2
 
@@ -41,6 +49,17 @@ class _StepGraph(torch.nn.Module):
 
     def forward(self, token, *state):
         out, new_state = self.model.step(token, tuple(state))
+        return (out, *new_state)
+
+
+class _ChunkGraph(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens, *state):
+        tokens = tokens * length_guard(tokens)  # every chunk graph refuses T past its bound, scans or not
+        out, new_state = self.model.forward_chunk(tokens, tuple(state))
         return (out, *new_state)
 
 
@@ -78,11 +97,18 @@ def contract(props: dict) -> str:
     r = props["readout"]
     pick = f"{'−' if r['sign'] < 0 else ''}out[..., {r['start']}:{r['stop']}] of the {'last' if r['position'] == -1 else 'position ' + str(r['position'])} token"
     head = f"icl-zoo graph contract v{CONTRACT_VERSION}: entry {props['entry']}, float32. Prediction (task read-out): {pick}."
-    if props["graph"] == "step":
+    if props["graph"] in ("step", "chunk"):
         states = ", ".join(f"{s['input']} → {s['output']} {s['shape']}" for s in props["state_layout"])
-        return (f"{head} Step graph: token (batch, {props['d_in']}) and state_in.* → out (batch, {props['d_out']}) and "
-                f"state_out.*; feed state_out back as state_in. The initial state is all zeros. States: {states}. "
-                "Valid for any stream length.")
+        feed = "feed state_out back as state_in. The initial state is all zeros"
+        if props["graph"] == "step":
+            return (f"{head} Step graph: token (batch, {props['d_in']}) and state_in.* → out (batch, {props['d_out']}) "
+                    f"and state_out.*; {feed}. States: {states}. Valid for any stream length.")
+        time = props["time"]
+        valid = ("any T ≥ 1 (the step graph scanned over time)" if time == "any" else
+                 f"T in {time}; a longer chunk raises (Gather out of bounds) — split a longer stream into chunks")
+        return (f"{head} Chunk graph: tokens (batch, T, {props['d_in']}) and state_in.* → out (batch, T, {props['d_out']}) "
+                f"and state_out.* (the state after the chunk's last token); {feed}. States: {states}. Valid for {valid}; "
+                "chunks of any sizes give the outputs of one token at a time.")
     time = props["time"]
     valid = (f"Exact for T in {time}; where a scan bounds it, a longer input raises (Gather out of bounds) rather "
              "than returning wrong numbers — stream longer sequences through model_step.onnx") if isinstance(time, str) else             f"T = {time} exactly (fixed by fused kernels); other lengths are refused by shape checks"
@@ -121,9 +147,40 @@ def export_step(model, path: Path, *, entry_name: str = "") -> Path:
     batch = torch.export.Dim("batch", min=1)
     dyn = ({0: batch}, tuple({0: batch} for _ in state))  # (token, *state): state arrives as one tuple
     _export(_StepGraph(model), (token, *state), path, ["token", *in_names], ["out", *out_names], dyn)
-    layout = [{"input": i, "output": o, "shape": ["batch", *s.shape[1:]], "dtype": "float32"}
-              for i, o, s in zip(in_names, out_names, state)]
-    _metadata(path, {**_common_metadata(model, entry_name), "graph": "step", "state_layout": layout})
+    _metadata(path, {**_common_metadata(model, entry_name), "graph": "step", "state_layout": _state_layout(model, state)})
+    return path
+
+
+def _state_layout(model, state) -> list[dict]:
+    in_names, out_names = state_io_names(model)
+    return [{"input": i, "output": o, "shape": ["batch", *x.shape[1:]], "dtype": "float32"}
+            for i, o, x in zip(in_names, out_names, state)]
+
+
+@torch.no_grad()
+def export_chunk(model, path: Path, *, entry_name: str = "") -> Path:
+    """Write the chunk graph of a recurrent model (fp32): its `forward_chunk` traced for
+    T ≤ `chunk_len` where it has a parallel form, else the step graph scanned over time."""
+    model = _fp32_copy(model)
+    state = model.init_state(EXPORT_BATCH)
+    if model.dynamic_time:
+        in_names, out_names = state_io_names(model)
+        tokens = torch.zeros(EXPORT_BATCH, min(8, model.chunk_len), model.d_in)
+        batch, time = torch.export.Dim("batch", min=1), torch.export.Dim("time", min=1, max=model.chunk_len)
+        dyn = ({0: batch, 1: time}, tuple({0: batch} for _ in state))
+        with export_length(model.chunk_len):
+            _export(_ChunkGraph(model), (tokens, *state), path, ["tokens", *in_names], ["out", *out_names], dyn)
+        valid = f"1..{model.chunk_len}"
+    else:
+        step = Path(path).with_suffix(".step.tmp")
+        try:
+            export_step(model, step, entry_name=entry_name)
+            onnx.save(scan_step_graph(onnx.load(str(step))), str(path))
+        finally:
+            step.unlink(missing_ok=True)
+        valid = "any"
+    _metadata(path, {**_common_metadata(model, entry_name), "graph": "chunk", "time": valid,
+                     "state_layout": _state_layout(model, state)})
     return path
 
 
@@ -143,27 +200,39 @@ def export_sequence(model, path: Path, *, entry_name: str = "", seq_len: int = 8
     return path
 
 
-def chunk_graph(step: onnx.ModelProto) -> onnx.ModelProto:
-    """The step graph wrapped in an ONNX `Scan` over time: a state-carrying chunk graph
-
-        (tokens (B, T, d_in), chunk_in.state_in.* ...) -> (outs (B, T, d_out), chunk_out.state_out.* ...)
-
-    that runs the step graph's own nodes T times inside ONNX Runtime (one `run` per chunk instead of
-    one per token). Exact for any T, by construction: the same operators, in the same order, as the
-    step graph; nothing is traced. Built from model_step.onnx when a session starts, so no extra
-    file ships (its hash is the step graph's)."""
+def scan_step_graph(step: onnx.ModelProto) -> onnx.ModelProto:
+    """The step graph wrapped in an ONNX `Scan` over time: a chunk graph with the chunk graph's
+    names, (tokens (B, T, d_in), state_in.* ...) -> (out (B, T, d_out), state_out.* ...), that runs
+    the step graph's own nodes T times inside ONNX Runtime (one `run` per chunk instead of one per
+    token). Exact for any T by construction: the same operators, in the same order, as the step
+    graph. (The exported file's metadata is set by `export_chunk`; a runtime given only a step
+    graph builds this in memory.)"""
     from onnx import helper
 
     g = step.graph
     layout = json.loads({p.key: p.value for p in step.metadata_props}["icl_zoo.state_layout"])
+    # The body's interface is renamed (step.*): a subgraph may not reuse the outer graph's names.
+    rename = {"token": "step.token", "out": "step.out"}
+    rename |= {s[k]: f"step.{s[k]}" for s in layout for k in ("input", "output")}
+    body_nodes = []
+    for node in g.node:
+        node = onnx.NodeProto.FromString(node.SerializeToString())
+        node.input[:] = [rename.get(n, n) for n in node.input]
+        node.output[:] = [rename.get(n, n) for n in node.output]
+        body_nodes.append(node)
+
+    def renamed(value):
+        value = onnx.ValueInfoProto.FromString(value.SerializeToString())
+        value.name = rename.get(value.name, value.name)
+        return value
+
     inputs, outputs = {i.name: i for i in g.input}, {o.name: o for o in g.output}
     body = helper.make_graph(  # Scan's body: state variables first, then the scanned token
-        list(g.node), "step", inputs=[inputs[s["input"]] for s in layout] + [inputs["token"]],
-        outputs=[outputs[s["output"]] for s in layout] + [outputs["out"]],
-        initializer=list(g.initializer), value_info=list(g.value_info))
+        body_nodes, "step", inputs=[renamed(inputs[s["input"]]) for s in layout] + [renamed(inputs["token"])],
+        outputs=[renamed(outputs[s["output"]]) for s in layout] + [renamed(outputs["out"])],
+        initializer=list(g.initializer), value_info=[renamed(v) for v in g.value_info])
     scan = helper.make_node(
-        "Scan", inputs=[f"chunk_in.{s['input']}" for s in layout] + ["tokens"],
-        outputs=[f"chunk_out.{s['output']}" for s in layout] + ["outs"],
+        "Scan", inputs=[s["input"] for s in layout] + ["tokens"], outputs=[s["output"] for s in layout] + ["out"],
         num_scan_inputs=1, body=body, scan_input_axes=[1], scan_output_axes=[1])
 
     def value_info(name, like, timed=False):
@@ -173,10 +242,8 @@ def chunk_graph(step: onnx.ModelProto) -> onnx.ModelProto:
 
     outer = helper.make_graph(
         [scan], "chunk",
-        inputs=[value_info("tokens", inputs["token"], True)]
-        + [value_info(f"chunk_in.{s['input']}", inputs[s["input"]]) for s in layout],
-        outputs=[value_info("outs", outputs["out"], True)]
-        + [value_info(f"chunk_out.{s['output']}", outputs[s["output"]]) for s in layout])
+        inputs=[value_info("tokens", inputs["token"], True)] + [value_info(s["input"], inputs[s["input"]]) for s in layout],
+        outputs=[value_info("out", outputs["out"], True)] + [value_info(s["output"], outputs[s["output"]]) for s in layout])
     model = helper.make_model(outer, opset_imports=list(step.opset_import), functions=list(step.functions),
                               ir_version=step.ir_version)
     onnx.checker.check_model(model)
@@ -190,10 +257,12 @@ def _fp32_copy(model):
 
 
 def export_checkpoint_graphs(ckpt, folder: Path) -> list[Path]:
-    """The ONNX files of a checkpoint folder: model.onnx always, model_step.onnx when recurrent."""
+    """The ONNX files of a checkpoint folder: model.onnx always; model_step.onnx and
+    model_chunk.onnx when recurrent."""
     folder = Path(folder)
     written = [export_sequence(ckpt.model, folder / SEQUENCE_FILE, entry_name=ckpt.entry.name,
                                seq_len=ckpt.task.n_tokens)]
     if getattr(ckpt.model, "recurrent", False):
         written.append(export_step(ckpt.model, folder / STEP_FILE, entry_name=ckpt.entry.name))
+        written.append(export_chunk(ckpt.model, folder / CHUNK_FILE, entry_name=ckpt.entry.name))
     return written

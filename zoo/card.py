@@ -101,6 +101,9 @@ def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
         plots.loss_curve(ckpt.history, folder / "loss_curve.png", gd_loss=m.get("gd_loss"),
                          gd_steps=m.get("gd_steps", 1), title=entry.name)
         figures.append({"file": "loss_curve.png", "alt": "training and validation loss vs steps, with the one-step-GD loss"})
+    if "position_loss" in m:
+        plots.position_curve(m, folder / "loss_vs_position.png", title=f"{entry.name}: loss against position (test split)")
+        figures.append({"file": "loss_vs_position.png", "alt": "test loss of the prediction after t examples, with GD, online GD and least squares on the prefix"})
     if entry.arch.type == "lsa":
         plots.weight_matrices(plots.lsa_matrices(ckpt.model), folder / "weights.png", title=f"{entry.name}: weight products")
         figures.append({"file": "weights.png", "alt": "W_K^T W_Q and W_P W_V of every layer"})
@@ -156,6 +159,7 @@ def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
         paper_links=paper_links(entry),
         repo_url=REPO_URL,
         streaming=(folder / "model_step.onnx").exists(),
+        chunk_graph=(folder / "model_chunk.onnx").exists(),
     )
     card.save(folder / "README.md")
     return folder / "README.md"

@@ -5,7 +5,7 @@
     eval_results.json    metrics on the frozen test split
     README.md            model card (model_cards/ templates)
     *.png                loss curve, weight matrices
-    model_step.onnx, model.onnx   streaming / whole-sequence graphs (when `export` is available)
+    model_step.onnx, model_chunk.onnx, model.onnx   streaming (token / chunk) and whole-sequence graphs
 
 `Checkpoint` is a huggingface_hub `ModelHubMixin`, so `save_pretrained` / `from_pretrained` /
 `push_to_hub` work as for any Hub library. Loading verifies every recorded SHA-256, rebuilds
@@ -163,15 +163,12 @@ class Checkpoint(
             from export import export_checkpoint_graphs
         except ImportError:  # export is part of the distribution; tolerate a partial install
             export_checkpoint_graphs = None
-        if export_checkpoint_graphs is not None:  # model.onnx always; model_step.onnx when recurrent
+        if export_checkpoint_graphs is not None:  # model.onnx always; model_step.onnx + model_chunk.onnx when recurrent
             export_checkpoint_graphs(self, save_directory)
         (save_directory / EVAL_RESULTS).write_text(json.dumps(self.metrics, indent=2, sort_keys=True))
         if self.history:
             (save_directory / HISTORY).write_text(json.dumps(self.history))
-        hashed = [WEIGHTS, EVAL_RESULTS, HISTORY, "model.onnx", "model_step.onnx"]
-        files = {name: {"sha256": sha256_file(save_directory / name), "bytes": (save_directory / name).stat().st_size}
-                 for name in hashed if (save_directory / name).is_file()}
-        (save_directory / CONFIG).write_text(json.dumps({**core, "files": files}, indent=2))
+        write_config(save_directory, core)
         write_card_and_figures(self, save_directory)
 
     # ------------------------------------------------------------- load
@@ -184,6 +181,18 @@ class Checkpoint(
 
             folder = resolve_folder(model_id, revision=revision, cache_dir=cache_dir, token=token)
         return read_checkpoint(folder)
+
+
+HASHED_FILES = (WEIGHTS, EVAL_RESULTS, HISTORY, "model.onnx", "model_step.onnx", "model_chunk.onnx")
+
+
+def write_config(folder: Path, core: dict) -> None:
+    """config.json: the config `core` and the SHA-256 of every hashed file present in `folder`.
+    (The weights carry the hash of `core`, not of the file list: graphs re-exported from the same
+    weights are recorded without touching them.)"""
+    files = {name: {"sha256": sha256_file(folder / name), "bytes": (folder / name).stat().st_size}
+             for name in HASHED_FILES if (folder / name).is_file()}
+    (folder / CONFIG).write_text(json.dumps({**core, "files": files}, indent=2))
 
 
 def verify_files(folder: Path) -> dict:

@@ -297,7 +297,7 @@ def cmd_release(args) -> int:
             path = release.write_archive(root, Path(args.archive))
             print(f"archive {path}: {path.stat().st_size / 2**20:.2f} MiB (unpack: zoo release unpack {path})")
     elif args.release_command == "refresh":
-        index = release.refresh_release(root, only=args.only)
+        index = release.refresh_release(root, only=args.only, graphs=args.graphs)
         print(f"re-rendered cards and index of {len(index['entries'])} released entries in {root}")
     elif args.release_command == "plan":
         release.print_plan(device=args.device, only=args.only, threads=args.threads)
@@ -470,6 +470,7 @@ def parser() -> argparse.ArgumentParser:
     s = rel_sub.add_parser("refresh", help="re-render the cards and the index of released entries (no retraining)")
     s.add_argument("--only", nargs="+", metavar="ENTRY")
     s.add_argument("--root")
+    s.add_argument("--graphs", action="store_true", help="also re-export the ONNX graphs from the released weights")
     s.set_defaults(fn=cmd_release)
     s = rel_sub.add_parser("plan", help="each trained entry's cost at its recipe length, from measured throughput here")
     s.add_argument("--only", nargs="+", metavar="ENTRY")

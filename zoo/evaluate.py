@@ -17,7 +17,10 @@ from zoo.analysis.rnn import imperfect_memory_effect, kv_q_scores, memory_leak
 from zoo.models.gated_rnn import GatedLinearRNN
 from zoo.models.lsa import LinearSelfAttention
 from zoo.tasks.teacher import LSATeacherTask
-from zoo.tasks.regression import LinearRegressionTask, TaskBatch, gd_predict, gd_weights, least_squares_predict
+from zoo.tasks.regression import (
+    LinearRegressionTask, TaskBatch, gd_predict, gd_weights, least_squares_predict, online_gd_predict, prefix_gd_predict,
+    prefix_least_squares_predict,
+)
 
 CHUNK = 2500  # tasks per autograd pass: bounds memory on 10 000-task splits
 
@@ -30,6 +33,8 @@ def predictions_and_sensitivities(model, tokens: torch.Tensor, query_channels: t
     for chunk in tokens.split(CHUNK):
         chunk = chunk.detach().clone().requires_grad_(True)
         pred = model.predict(chunk)  # (n, d_y); tasks are independent, so Σ_n gives per-task grads
+        if pred.dim() == 3:  # a prediction at every position ("triples"): the query's is the last
+            pred = pred[:, -1]
         rows = []
         for j in range(pred.shape[1]):
             (g,) = torch.autograd.grad(pred[:, j].sum(), chunk, retain_graph=j + 1 < pred.shape[1])
@@ -110,7 +115,7 @@ def evaluate_regression(model, task: LinearRegressionTask, batch: TaskBatch, *, 
     model.eval()
     param = next(model.parameters())
     tokens = batch.tokens.to(device=param.device, dtype=param.dtype)
-    targets = batch.targets.to(tokens)
+    targets = batch.query_targets.to(tokens)
     pred, sens = predictions_and_sensitivities(model, tokens, task.query_channels)
 
     b64 = task.batch_from_arrays(batch.x.double(), batch.y.double())
@@ -118,16 +123,36 @@ def evaluate_regression(model, task: LinearRegressionTask, batch: TaskBatch, *, 
     ref_pred = (ref_sens @ b64.x_query.to(sens).unsqueeze(-1)).squeeze(-1)
     flat, ref_flat = sens.flatten(1), ref_sens.flatten(1)
     cos = torch.nn.functional.cosine_similarity(flat, ref_flat, dim=1, eps=1e-30)
-    return {
+    metrics = {
         "test_loss": task.loss(pred, targets).item(),
-        "gd_loss": task.loss(gd_predict(b64, eta, gd_steps, ridge), b64.targets).item(),
+        "gd_loss": task.loss(gd_predict(b64, eta, gd_steps, ridge), b64.query_targets).item(),
         "gd_eta": eta,
         "gd_steps": gd_steps,
-        "lstsq_loss": task.loss(least_squares_predict(b64), b64.targets).item(),
+        "lstsq_loss": task.loss(least_squares_predict(b64), b64.query_targets).item(),
         "pred_l2_to_gd": ((pred - ref_pred) ** 2).sum(1).mean().item(),
         "sensitivity_l2_to_gd": ((flat - ref_flat) ** 2).sum(1).mean().item(),
         "sensitivity_cosine": cos.mean().item(),
         "n_tasks": int(tokens.shape[0]),
+    }
+    if task.every_position:
+        metrics.update(position_curves(model, task, tokens, b64))
+    return metrics
+
+
+def position_curves(model, task: LinearRegressionTask, tokens: torch.Tensor, b64: TaskBatch) -> dict:
+    """Loss against position for a model that predicts y_{t+1} after every example t = 1..C, beside
+    the baselines on the same prefix: one GD step at η*_t (optimal per position) and at the query's
+    η*_C (one fixed rate), online GD (the delta rule) at η = 1/(σ_x² d_x), and least squares."""
+    targets = b64.y[:, 1:]  # (N, C, d_y)
+    per_position = lambda pred: (0.5 * ((pred.double() - targets) ** 2).mean(dim=(0, 2))).tolist()  # noqa: E731
+    with torch.no_grad():
+        pred = torch.cat([model.predict(chunk) for chunk in tokens.split(CHUNK)])  # (N, C, d_y)
+    return {
+        "position_loss": per_position(pred),
+        "position_gd_loss": per_position(prefix_gd_predict(b64, task.prefix_etas())),
+        "position_gd_fixed_loss": per_position(prefix_gd_predict(b64, torch.full((task.n_context,), task.analytic_eta()))),
+        "position_online_gd_loss": per_position(online_gd_predict(b64, task.online_eta())),
+        "position_lstsq_loss": per_position(prefix_least_squares_predict(b64)),
     }
 
 
@@ -148,8 +173,9 @@ def input_scale_curve(model, task: LinearRegressionTask, scales: list[float], *,
         b = shifted.sample(n, seed=seed, dtype=torch.float64)
         with torch.no_grad():
             pred = model.predict(b.tokens.to(param)).double()
-        rows.append({"input_scale": alpha, "test_loss": task.loss(pred, b.targets).item(),
-                     "gd_loss": task.loss(gd_predict(b, eta, gd_steps, ridge), b.targets).item()})
+        pred = pred[:, -1] if pred.dim() == 3 else pred
+        rows.append({"input_scale": alpha, "test_loss": task.loss(pred, b.query_targets).item(),
+                     "gd_loss": task.loss(gd_predict(b, eta, gd_steps, ridge), b.query_targets).item()})
     return rows
 
 

@@ -58,7 +58,7 @@ def run_release(out: Path, entry: str = RELEASE_DEMO_ENTRY) -> dict:
                                     expected_sha256=ckpt.provenance["dataset_hashes"]["test"])
         console.print(f"  {split.x.shape[0]} tasks, SHA-256 {split.sha256[:16]}…")
 
-    say("streaming the test prompts through ONNX Runtime (model_step.onnx scanned over each prompt, state kept)")
+    say("streaming the test prompts through ONNX Runtime (a chunk graph runs all prompts, the state carried between runs)")
     batch = split.batch(ckpt.task)
     session = StreamingSession(folder)
     session.reset(batch.tokens.shape[0])

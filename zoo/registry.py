@@ -58,7 +58,7 @@ class LinearRegressionSpec(Strict):
     x_dist: Literal["uniform", "normal"] = "uniform"
     x_scale: float = Field(1.0, gt=0)  # U(−a, a) half-width, or the normal's std
     w_std: float = Field(1.0, gt=0)  # W ~ N(0, w_std²) for training and the test split
-    layout: Literal["pairs", "interleaved", "products"] = "pairs"  # tokens, see tasks/regression.py
+    layout: Literal["pairs", "interleaved", "products", "triples"] = "pairs"  # tokens, see tasks/regression.py
     target: Literal["linear", "sine"] = "linear"  # y = W x, or Finn et al.'s y = A sin(x − φ) (1-D)
     amplitude: tuple[float, float] = (0.1, 5.0)  # sine: A ~ U(range)
     phase: tuple[float, float] = (0.0, 3.141592653589793)  # sine: φ ~ U(range)
@@ -144,6 +144,17 @@ class GDSSMArch(Strict):
     mlp: int | None = Field(None, gt=0)  # A.3: hidden width of a weighted-sigmoid gated unit on the read-out
 
 
+class FastWeightArch(Strict):
+    """The fast-weight network of "Recurrent networks can learn in-context by gradient descent" (models/fast_weight.py)."""
+
+    type: Literal["fast_weight"]
+    update: Literal["hebbian", "delta"] = "hebbian"  # W += e_y e_xᵀ (Eq. 13, 𝓘 = I), or the exact delta rule 𝓘_t = I − β e_x e_xᵀ
+    key_dim: int | None = Field(None, gt=0)  # d_u, width of e_x = U x (default: d_x)
+    value_dim: int | None = Field(None, gt=0)  # d_v, width of e_y = V y (default: d_y)
+    position_scale: bool = False  # scale the output after t examples by 1/(t + c): GD with η*_t per position
+    init_std: float | None = Field(None, gt=0)  # default: 1/sqrt(fan-in)
+
+
 class RecurrentStackArch(Strict):
     """Embedding → n_layers blocks → read-out (models/stack.py), no norms."""
 
@@ -177,7 +188,7 @@ class TransformerArch(Strict):
 
 
 Arch = Annotated[
-    Union[LSAArch, GatedRNNArch, GDSSMArch, RecurrentStackArch, TransformerArch], Field(discriminator="type")
+    Union[LSAArch, GatedRNNArch, GDSSMArch, FastWeightArch, RecurrentStackArch, TransformerArch], Field(discriminator="type")
 ]
 
 
@@ -218,7 +229,9 @@ class TrainRecipe(Strict):
 
 class Construction(Strict):
     kind: Literal["constructed"]
-    construction: Literal["gd", "rnn_from_lsa", "gd_ssm", "lstm_from_lsa"]  # θ_GD (constructions/gd.py); gated RNN ⇐ LSA (rnn_from_lsa.py); GD-SSM (gd_ssm.py); LSTM ≈ LSA (lstm_from_lsa.py)
+    # θ_GD (constructions/gd.py); gated RNN ⇐ LSA (rnn_from_lsa.py); GD-SSM (gd_ssm.py); LSTM ≈ LSA (lstm_from_lsa.py);
+    # fast-weight GD on the prefix (hebbian_gd) and online GD (delta_rule) (fast_weight.py)
+    construction: Literal["gd", "rnn_from_lsa", "gd_ssm", "lstm_from_lsa", "hebbian_gd", "delta_rule"]
     lsa: Literal["gd", "teacher"] = "gd"  # rnn_from_lsa / lstm_from_lsa: which LSA to implement (θ_GD or the task's teacher)
     scale: float = Field(0.01, gt=0)  # lstm_from_lsa: linearisation scale ε (error O(ε²) until rounding)
     compact: bool = False  # rnn_from_lsa: d(d+1)/2 key-value neurons instead of d²
@@ -318,6 +331,18 @@ def construction_problem(entry: Entry, task: TaskSpec) -> str | None:
         from zoo.constructions.gd_ssm import construction_problem as gd_ssm_problem
 
         return gd_ssm_problem(entry.arch.model_dump(), task.layout, task.d_x, task.d_y)
+    elif c.construction in ("hebbian_gd", "delta_rule"):
+        a = entry.arch
+        if a.type != "fast_weight" or task.kind != "linear_regression" or task.layout != "triples":
+            return f"'{c.construction}' needs arch type 'fast_weight' on a linear_regression task with layout 'triples'"
+        if (a.key_dim or task.d_x) != task.d_x or (a.value_dim or task.d_y) != task.d_y:
+            return f"'{c.construction}' needs key_dim = d_x and value_dim = d_y (U = I, V = I)"
+        if a.update != ("hebbian" if c.construction == "hebbian_gd" else "delta"):
+            return f"'{c.construction}' needs update = '{'hebbian' if c.construction == 'hebbian_gd' else 'delta'}'"
+        if c.construction == "hebbian_gd" and a.position_scale != (c.eta == "analytic"):
+            return "'hebbian_gd' with eta = 'analytic' (η*_t per position) needs position_scale = true; a fixed η needs false"
+        if c.construction == "delta_rule" and (not isinstance(c.eta, float) or a.position_scale):
+            return "'delta_rule' needs a fixed eta (the online step size) and position_scale = false"
     elif c.construction in ("rnn_from_lsa", "lstm_from_lsa"):
         if c.lsa == "teacher" and task.kind != "lsa_teacher":
             return "lsa = 'teacher' needs an lsa_teacher task"

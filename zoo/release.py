@@ -220,20 +220,30 @@ def build_entry(name: str, root: Path, *, time_budget: float | None, device: str
         build(name, work / "ckpt", progress=progress)
     seconds = time.perf_counter() - started
 
-    staged = root / f".{name}.staged"
-    shutil.rmtree(staged, ignore_errors=True)
-    staged.mkdir(parents=True)
+    staged = _staging(root, name)
     for path in sorted((work / "ckpt").iterdir()):
         if path.is_file() and not path.is_symlink() and path.suffix in SHIPPED:
             shutil.copyfile(path, staged / path.name)
+    _swap_in(root, name, staged)
+    shutil.rmtree(work, ignore_errors=True)
+    return index_row(name, root / name, build_seconds=seconds, steps_per_second=rate)
+
+
+def _staging(root: Path, name: str) -> Path:
+    staged = root / f".{name}.staged"
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.mkdir(parents=True)
+    return staged
+
+
+def _swap_in(root: Path, name: str, staged: Path) -> None:
+    """Replace root/name by the staged folder: it appears whole; the old one is removed after."""
     final, old = root / name, root / f".{name}.old"
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
         os.replace(final, old)
-    os.replace(staged, final)  # the new folder appears whole; the old one is removed after
+    os.replace(staged, final)
     shutil.rmtree(old, ignore_errors=True)
-    shutil.rmtree(work, ignore_errors=True)
-    return index_row(name, final, build_seconds=seconds, steps_per_second=rate)
 
 
 def index_row(name: str, folder: Path, *, build_seconds: float | None = None, steps_per_second: float | None = None) -> dict:
@@ -564,11 +574,13 @@ def publish_release(org: str, *, hub: str = "hf", root: Path | None = None, toke
 
 
 # ---------------------------------------------------------------- refresh / plan
-def refresh_release(root: Path | None = None, *, only: list[str] | None = None) -> dict:
+def refresh_release(root: Path | None = None, *, only: list[str] | None = None, graphs: bool = False) -> dict:
     """Re-render each released entry's card and figures from its checkpoint (weights untouched,
-    hashes verified first) and regenerate its index row: for a change to the cards or the index."""
+    hashes verified first) and regenerate its index row: for a change to the cards or the index.
+    With `graphs`, also re-export its ONNX graphs from the same weights (for a change to the
+    export, e.g. a new graph) and record their hashes in config.json."""
     from zoo.card import write_card_and_figures
-    from zoo.checkpoint import read_checkpoint
+    from zoo.checkpoint import CONFIG, read_checkpoint, write_config
 
     root = Path(root or release_dir())
     index = read_index(root)
@@ -578,7 +590,19 @@ def refresh_release(root: Path | None = None, *, only: list[str] | None = None) 
             raise ReleaseError(f"{name!r} is not released in {root}")
         verify_folder(root / name, row)
         ckpt = read_checkpoint(root / name)
-        write_card_and_figures(ckpt, root / name)
+        if graphs:  # in a staged copy swapped in whole: an interrupted refresh leaves the release as it was
+            from export import export_checkpoint_graphs
+
+            staged = _staging(root, name)
+            for path in sorted((root / name).iterdir()):
+                shutil.copyfile(path, staged / path.name)
+            export_checkpoint_graphs(ckpt, staged)
+            config = json.loads((staged / CONFIG).read_text())
+            write_config(staged, {k: v for k, v in config.items() if k != "files"})
+            write_card_and_figures(read_checkpoint(staged), staged)  # the new hashes verify; weights match the config
+            _swap_in(root, name, staged)
+        else:
+            write_card_and_figures(ckpt, root / name)
         index["entries"][name] = index_row(name, root / name, build_seconds=row.get("build_seconds"),
                                            steps_per_second=row.get("steps_per_second"))
     write_index(root, index)

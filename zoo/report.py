@@ -16,6 +16,7 @@ from zoo.checkpoint import CONFIG, EVAL_RESULTS
 
 COLUMNS = ("test_loss", "gd_loss", "lstsq_loss", "pred_l2_to_gd", "sensitivity_cosine", "gd_steps", "polynomial_distance",
            "kv_score", "q_score", "imperfect_memory_effect", "memory_leak")
+POSITION_KEYS = ("position_loss", "position_gd_loss", "position_gd_fixed_loss", "position_online_gd_loss", "position_lstsq_loss")
 REGRESSION_COLUMNS = ["gd_loss", "gd_steps", "pred_l2_to_gd", "sensitivity_cosine"]
 TEACHER_COLUMNS = ["polynomial_distance", "kv_score", "q_score", "imperfect_memory_effect", "memory_leak"]  # students of an LSA teacher: no GD reference
 
@@ -44,7 +45,7 @@ def collect(paths: list[str | Path]) -> list[dict]:
             "model": folder.name, "entry": config["entry"]["name"], "arch": config["entry"]["arch"]["type"],
             "task": config["entry"]["task"], "source": config["entry"]["source"]["kind"], "parameters": parameters,
             "steps": prov.get("steps"), "device": prov.get("device"),
-            **{k: metrics[k] for k in (*COLUMNS, "polynomial", "gd_eta") if k in metrics},
+            **{k: metrics[k] for k in (*COLUMNS, *POSITION_KEYS, "polynomial", "gd_eta") if k in metrics},
         })
     return rows
 
@@ -71,6 +72,11 @@ def write_report(rows: list[dict], out: Path) -> list[Path]:
         lines.append("")
         lines += _polynomial_table(task, group)
     figures = []
+    for task in tasks:
+        group = [r for r in rows if r["task"] == task and "position_loss" in r]
+        if group:
+            lines += _position_table(task, group)
+            figures.append(_position_figure(task, group, out / f"report-{task}-position.png"))
     for (base, field), variants in _task_scans(rows).items():
         lines += _scan_table(base, field, variants)
         figures.append(_scan_figure(base, field, variants, out / f"report-{base}-{field}.png"))
@@ -97,6 +103,72 @@ def _polynomial_table(task: str, group: list[dict]) -> list[str]:
     if eta is not None:
         lines.append("| one GD step (η*) | | " + " | ".join(_fmt(eta) for _ in terms) + " | 0 | |")
     return [*lines, ""]
+
+
+def _by_entry(group: list[dict]) -> dict[str, list[list[float]]]:
+    """Loss-against-position curves of each entry, one per run (seeds), entries in best-last-position order."""
+    curves: dict[str, list[list[float]]] = {}
+    for r in sorted(group, key=lambda r: r["position_loss"][-1]):
+        curves.setdefault(r["entry"], []).append(r["position_loss"])
+    return curves
+
+
+def _mean_std(curves: list[list[float]]) -> tuple[list[float], list[float]]:
+    n = len(curves)
+    mean = [sum(c[i] for c in curves) / n for i in range(len(curves[0]))]
+    std = [(sum((c[i] - mean[i]) ** 2 for c in curves) / (n - 1)) ** 0.5 if n > 1 else 0.0 for i in range(len(mean))]
+    return mean, std
+
+
+def _position_table(task: str, group: list[dict]) -> list[str]:
+    """Loss of the prediction after t examples (the "triples" layout predicts at every position):
+    each entry's mean ± std over its runs (seeds), beside the baselines on the same prefix."""
+    length = len(group[0]["position_loss"])
+    ts = sorted({1, 2, 5, 10, length} & set(range(1, length + 1)))
+    lines = [f"## {task}: loss against position (mean ± std over seeds; n = runs)", "",
+             "| model | n | " + " | ".join(f"t = {t}" for t in ts) + " |", "|" + "---|" * (len(ts) + 2)]
+    for entry, curves in _by_entry(group).items():
+        mean, std = _mean_std(curves)
+        cells = [f"{mean[t - 1]:.4g} ± {std[t - 1]:.2g}" if len(curves) > 1 else f"{mean[t - 1]:.4g}" for t in ts]
+        lines.append(f"| {entry} | {len(curves)} | " + " | ".join(cells) + " |")
+    from zoo.analysis.plots import POSITION_CURVES
+
+    for key, (label, _) in POSITION_CURVES.items():
+        if key != "position_loss" and key in group[0]:
+            lines.append(f"| {label} | | " + " | ".join(f"{group[0][key][t - 1]:.4g}" for t in ts) + " |")
+    return [*lines, ""]
+
+
+def _position_figure(task: str, group: list[dict], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from zoo.analysis.plots import POSITION_CURVES
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    t = list(range(1, len(group[0]["position_loss"]) + 1))
+    for key, (label, style) in POSITION_CURVES.items():
+        if key != "position_loss" and key in group[0]:
+            ax.plot(t, group[0][key], label=label, **style)
+    lowest = min(min(v) for r in group for k, v in r.items() if k in POSITION_KEYS and k != "position_lstsq_loss")
+    for i, (entry, curves) in enumerate(_by_entry(group).items()):
+        mean, std = _mean_std(curves)
+        ax.plot(t, mean, color=f"C{i % 10}", lw=1.5, marker="o", ms=2.5, label=f"{entry} (n = {len(curves)})")
+        if len(curves) > 1:
+            ax.fill_between(t, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+                            color=f"C{i % 10}", alpha=0.2)
+    ax.set_yscale("log")
+    ax.set_ylim(bottom=lowest / 3)  # noise-free least squares is exact (~1e-15) once t ≥ d_x
+    ax.set_xlabel("examples seen t (predicting y_{t+1})")
+    ax.set_ylabel("test loss (½·MSE)")
+    ax.set_title(f"{task}: loss against position")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _natural(name: str) -> list:

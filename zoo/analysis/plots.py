@@ -104,3 +104,35 @@ def loop_curve_figure(rows: list[dict], path: Path, *, title: str = "") -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+POSITION_CURVES = {  # metric key → (label, style)
+    "position_loss": ("this model", dict(color="C0", lw=2)),
+    "position_gd_loss": ("one GD step on the prefix, η*_t", dict(color="k", ls="--", lw=1)),
+    "position_gd_fixed_loss": ("one GD step on the prefix, fixed η*_C", dict(color="0.5", ls=":", lw=1)),
+    "position_online_gd_loss": ("online GD (delta rule), η = 1/(σ²d)", dict(color="C2", ls="-.", lw=1)),
+    "position_lstsq_loss": ("least squares on the prefix", dict(color="C3", ls="--", lw=1)),
+}
+
+
+def position_curve(metrics: dict, path: Path, *, title: str = "") -> Path:
+    """Loss of the prediction of y_{t+1} made after t examples, against t, beside the baselines."""
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
+    for key, (label, style) in POSITION_CURVES.items():
+        if key in metrics:
+            values = metrics[key]
+            ax.plot(range(1, len(values) + 1), values, label=label, **style)
+    ax.set_yscale("log")
+    # noise-free least squares is exact (~1e-15) once t ≥ d_x: keep the scale on the other curves
+    floor = min(min(metrics[k]) for k in POSITION_CURVES if k in metrics and k != "position_lstsq_loss")
+    ax.set_ylim(bottom=floor / 3)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_xlabel("examples seen t (predicting y_{t+1})")
+    ax.set_ylabel("test loss  (½·MSE)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

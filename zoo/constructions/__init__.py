@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from zoo.constructions.fast_weight import construct_fast_weight
 from zoo.constructions.gd import construct_gd_lsa, gd_lsa_weights
 from zoo.constructions.gd_ssm import construct_gd_ssm
 from zoo.constructions.lstm_from_lsa import lstm_from_lsa
@@ -22,7 +23,7 @@ def resolve_eta(eta: float | str, task, n_steps: int, validation_batch=None, rid
     b = validation_batch
 
     def loss(eta: float) -> float:
-        return task.loss(gd_predict(b, eta, steps=n_steps, ridge=ridge), b.targets).item()
+        return task.loss(gd_predict(b, eta, steps=n_steps, ridge=ridge), b.query_targets).item()
 
     return line_search_eta(loss, 0.0, 2.5 * task.analytic_eta())
 
@@ -41,6 +42,8 @@ def construct(entry, model, task, validation_batch=None):
         eta = resolve_eta(source.eta, task, n_steps, validation_batch, ridge=ridge)
         construct_gd_ssm(model, task.layout, task.d_x, task.d_y, eta)
         return {"eta": eta, "gd_steps": n_steps, "ridge": ridge}
+    if source.construction in ("hebbian_gd", "delta_rule"):
+        return construct_fast_weight(model, task, source.construction, source.eta)
     if source.construction in ("rnn_from_lsa", "lstm_from_lsa"):
         info = {"lsa": source.lsa}
         if source.lsa == "teacher":

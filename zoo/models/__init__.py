@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from zoo.models.base import NotRecurrentError, ZooModel
-from zoo.models.gated_rnn import GatedLinearRNN
 from zoo.models.classic_rnn import GRUBlock, LSTMBlock
+from zoo.models.fast_weight import FastWeightRNN
+from zoo.models.gated_rnn import GatedLinearRNN
 from zoo.models.gd_ssm import GDSSM
 from zoo.models.griffin import GriffinRecurrentBlock, LocalAttentionBlock
 from zoo.models.lru import LRUBlock, S5Block
+from zoo.models.lsa import LinearSelfAttention
 from zoo.models.mamba import MambaBlock
 from zoo.models.stack import SequenceStack
 from zoo.models.transformer import SoftmaxTransformer
-from zoo.models.lsa import LinearSelfAttention
 
 
 def create_model(arch, task) -> ZooModel:
@@ -37,6 +38,13 @@ def create_model(arch, task) -> ZooModel:
             lambda_range=arch.lambda_range, beta_init=arch.beta_init,
             zero_output=arch.zero_output, embed=arch.embed, mlp=arch.mlp,
         )
+    if arch.type == "fast_weight":
+        if getattr(task, "layout", None) != "triples":
+            raise ValueError("the fast-weight network reads triples [x_t, y_t, x_{t+1}]: it needs a task with layout 'triples'")
+        return FastWeightRNN(
+            d_x=task.d_x, d_y=task.d_y, d_out=task.d_out, readout=task.readout, key_dim=arch.key_dim,
+            value_dim=arch.value_dim, update=arch.update, position_scale=arch.position_scale, init_std=arch.init_std,
+        )
     if arch.type == "softmax_transformer":
         return SoftmaxTransformer(
             d_in=task.token_dim, d_out=task.d_out, readout=task.readout, width=arch.width, n_layers=arch.n_layers,
@@ -60,4 +68,4 @@ STACK_BLOCKS = {  # arch type → block of layer i
 }
 
 
-__all__ = ["create_model", "ZooModel", "NotRecurrentError", "LinearSelfAttention", "GatedLinearRNN", "GDSSM", "SequenceStack", "SoftmaxTransformer"]
+__all__ = ["GDSSM", "FastWeightRNN", "GatedLinearRNN", "LinearSelfAttention", "NotRecurrentError", "SequenceStack", "SoftmaxTransformer", "ZooModel", "create_model"]

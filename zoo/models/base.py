@@ -4,7 +4,10 @@
     predict(tokens)               -> the task's query read-out (B, d_y)
     init_state(batch)             -> tuple of state tensors, named by `state_names()`
     step(token (B, d_in), state)  -> (out (B, d_out), new state)
-`forward` equals `step` iterated from `init_state` (tested for every recurrent entry).
+    forward_chunk(tokens, state)  -> (out (B, T, d_out), state after the last token)
+`forward` equals `step` iterated from `init_state`, and `forward_chunk` from any state equals
+`step` iterated from it (tested for every recurrent entry): `forward_chunk` is the parallel
+form of a stream, exported as the chunk graph that streams long inputs in few runs.
 Models whose memory grows with the sequence (softmax attention, or attention that lets
 earlier tokens see later ones) set `recurrent = False` and `init_state` raises.
 """
@@ -24,6 +27,7 @@ class NotRecurrentError(TypeError):
 class ZooModel(nn.Module):
     recurrent: bool = True  # constant-size state: init_state / step work
     dynamic_time: bool = True  # the sequence graph exports with a symbolic length (fused LSTM/GRU: no)
+    chunk_len: int = 1024  # the longest chunk the exported chunk graph takes (its scans' doublings)
 
     def __init__(self, d_in: int, d_out: int, readout: Readout):
         super().__init__()
@@ -41,6 +45,10 @@ class ZooModel(nn.Module):
         raise NotRecurrentError(f"{type(self).__name__} has no recurrent state")
 
     def step(self, token: torch.Tensor, state: tuple[torch.Tensor, ...]):
+        raise NotRecurrentError(f"{type(self).__name__} has no recurrent state")
+
+    def forward_chunk(self, tokens: torch.Tensor, state: tuple[torch.Tensor, ...] | None):
+        """`forward` continued from `state` (None: the zero state); also returns the state after the last token."""
         raise NotRecurrentError(f"{type(self).__name__} has no recurrent state")
 
     def check_state(self, state: tuple[torch.Tensor, ...], batch: int) -> None:

@@ -34,8 +34,12 @@ class LSTMBlock(RecurrentBlock):
         hidden = width // 2 if bidirectional else width
         self.lstm = nn.LSTM(width, hidden, batch_first=True, bidirectional=bidirectional)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lstm(x)[0]  # (B, T, width)
+    def forward_chunk(self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None):
+        if state is None:
+            y, (h, c) = self.lstm(x)  # (B, T, width)
+            return y, (h[-1], c[-1])
+        y, (h, c) = self.lstm(x, (state[0].unsqueeze(0), state[1].unsqueeze(0)))
+        return y, (h[0], c[0])
 
     def state_shapes(self):
         return [("h", (self.width,)), ("c", (self.width,))]
@@ -58,8 +62,9 @@ class GRUBlock(RecurrentBlock):
         self.width = width
         self.gru = nn.GRU(width, width, batch_first=True)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.gru(x)[0]
+    def forward_chunk(self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None):
+        y, h = self.gru(x) if state is None else self.gru(x, state[0].unsqueeze(0))  # (B, T, width)
+        return y, (h[-1],)
 
     def state_shapes(self):
         return [("h", (self.width,))]

@@ -33,6 +33,7 @@ class GatedLinearRNN(ZooModel):
         super().__init__(d_in=d_in, d_out=d_out, readout=readout)
         gates = gates or hidden
         self.recurrence = recurrence
+        self.dynamic_time = recurrence == "diagonal"  # the dense recurrence is a Python loop over T
         std_in = init_std or (d_in + 1) ** -0.5
         std_out = init_std or hidden**-0.5
         self.w_m_in = nn.Parameter(torch.randn(hidden, d_in + 1) * std_in)
@@ -73,17 +74,21 @@ class GatedLinearRNN(ZooModel):
         return ((h @ self.w_m_out.T) * (h @ self.w_x_out.T)) @ self.readout_matrix.T  # (..., d_out)
 
     def forward(self, tokens: torch.Tensor, *, parallel: bool = True) -> torch.Tensor:
+        return self.forward_chunk(tokens, None, parallel=parallel)[0]
+
+    def forward_chunk(self, tokens: torch.Tensor, state: tuple[torch.Tensor, ...] | None, *, parallel: bool = True):
         u = self.input_gate(tokens)  # (B, T, n)
+        h0 = None if state is None else state[0]  # (B, n)
         if self.recurrence == "diagonal":
             scan = parallel_scan if parallel else sequential_scan
-            h = scan(self.lam().to(u.dtype).expand_as(u), u)
+            h = scan(self.lam().to(u.dtype).expand_as(u), u, h0=h0)
         else:
-            h, hs = torch.zeros_like(u[:, 0]), []
+            h, hs = (torch.zeros_like(u[:, 0]) if h0 is None else h0), []
             for t in range(u.shape[1]):
                 h = h @ self.w_rec.T + u[:, t]
                 hs.append(h)
             h = torch.stack(hs, dim=1)
-        return self.output(h)
+        return self.output(h), (h[:, -1],)  # (B, T, d_out), ((B, n),)
 
     def instantaneous(self, x: torch.Tensor) -> torch.Tensor:
         """D g_out(g_in(x̃)): the output for a single token from a zero state."""

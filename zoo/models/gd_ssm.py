@@ -137,13 +137,16 @@ class GDSSM(ZooModel):
     def _features(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.embed(tokens) if self.embed is not None else tokens
 
-    def windows(self, tokens: torch.Tensor) -> torch.Tensor:
-        """c_t for every t: (B, T, d_in) → (B, T, w f + 1)."""
+    def windows(self, tokens: torch.Tensor, history: torch.Tensor | None = None):
+        """c_t for every t: (B, T, d_in) → (B, T, w f + 1), the w − 1 features before the first token
+        taken from `history` (B, w − 1, f) (None: zeros); also returns the last w − 1 features."""
         tokens = self._features(tokens)  # (B, T, f)
         B, T, f = tokens.shape
-        padded = torch.cat([tokens.new_zeros(B, self.window - 1, f), tokens], dim=1)  # (B, T+w−1, f)
+        if history is None:
+            history = tokens.new_zeros(B, self.window - 1, f)
+        padded = torch.cat([history, tokens], dim=1)  # (B, T+w−1, f)
         slots = [padded[:, k : k + T] for k in range(self.window)]  # oldest first
-        return self._with_constant(torch.cat(slots, dim=-1))
+        return self._with_constant(torch.cat(slots, dim=-1)), padded[:, T:]
 
     def _output(self, m: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         query = (m @ (c @ self.q.T).unsqueeze(-1)).squeeze(-1)  # (..., m_v)
@@ -158,18 +161,28 @@ class GDSSM(ZooModel):
 
     # ------------------------------------------------------------------ sequence form
     def forward(self, tokens: torch.Tensor, *, parallel: bool = True) -> torch.Tensor:
+        return self.forward_chunk(tokens, None, parallel=parallel)[0]
+
+    def forward_chunk(self, tokens: torch.Tensor, state: tuple[torch.Tensor, ...] | None, *, parallel: bool = True):
         scan = parallel_scan if parallel else sequential_scan
-        c = self.windows(tokens)  # (B, T, w f + 1)
-        B, T, _ = c.shape
+        state = list(state) if state is not None else None
+        history = state.pop(0) if state is not None and self.window > 1 else None
+        c, history = self.windows(tokens, history)  # (B, T, w f + 1), (B, w − 1, f)
+        new_state = [history] if self.window > 1 else []
+
+        def run(nu, u):  # Z_t from the stored Z_0 (or zeros): (B, T, m, n)
+            z0 = state.pop(0).flatten(1) if state is not None else None
+            z = scan(self._lam(nu).to(u.dtype).flatten(), u.flatten(2), h0=z0).view_as(u)
+            new_state.append(z[:, -1])
+            return z
+
         m = None
         for layer in self.layers:
             u, u_tilde = layer.inputs(c)  # (B, T, m_v, m_k), (B, T, m_k, m_k)
-            z = scan(self._lam(layer.nu).to(u.dtype).flatten(), u.flatten(2)).view_as(u)
-            z_tilde = None
-            if u_tilde is not None:
-                z_tilde = scan(self._lam(layer.nu_tilde).to(u.dtype).flatten(), u_tilde.flatten(2)).view_as(u_tilde)
+            z = run(layer.nu, u)
+            z_tilde = run(layer.nu_tilde, u_tilde) if u_tilde is not None else None
             m = layer.gd_update(m, z, z_tilde, self.ridge)  # (B, T, m_v, m_k)
-        return self._output(m, c)  # (B, T, d_out)
+        return self._output(m, c), tuple(new_state)  # (B, T, d_out)
 
     # ------------------------------------------------------------------ recurrence
     def state_names(self) -> list[str]:

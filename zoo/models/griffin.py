@@ -55,11 +55,16 @@ class GriffinRecurrentBlock(RecurrentBlock):
         b = torch.sqrt(torch.clamp(1 - a * a, min=1e-12)) * torch.sigmoid(self.gate_i(u)) * u
         return a, b
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_chunk(self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None):
+        B, T, _ = x.shape
         g = F.gelu(self.w_g(x))
-        u = self.conv(F.pad(self.w_u(x).transpose(1, 2), (self.kernel - 1, 0))).transpose(1, 2)  # (B, T, e)
+        conv_in, h0 = state if state is not None else (x.new_zeros(B, self.kernel - 1, self.inner), None)
+        u = torch.cat([conv_in, self.w_u(x)], dim=1)  # (B, k − 1 + T, e): the conv's inputs, earlier ones first
+        conv_in = u[:, T:]
+        u = self.conv(u.transpose(1, 2)).transpose(1, 2)  # (B, T, e)
         a, b = self._recurrence_terms(u)
-        return self.w_o(g * parallel_scan(a, b))
+        h = parallel_scan(a, b, h0=h0)  # (B, T, e)
+        return self.w_o(g * h), (conv_in, h[:, -1])
 
     def state_shapes(self):
         return [("conv", (self.kernel - 1, self.inner)), ("h", (self.inner,))]
@@ -75,21 +80,30 @@ class GriffinRecurrentBlock(RecurrentBlock):
 
 
 class LocalAttentionBlock(RecurrentBlock):
+    chunk_len = 256  # a chunk attends within itself through a (T, W − 1 + T) mask
     def __init__(self, width: int, window: int = 8, head_dim: int | None = None):
         super().__init__()
         self.window, self.head_dim = window, head_dim or width
         self.qkv = nn.Linear(width, 3 * self.head_dim, bias=False)
         self.w_o = nn.Linear(self.head_dim, width, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_chunk(self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None):
         q, k, v = self.qkv(x).chunk(3, dim=-1)  # (B, T, d)
-        T = x.shape[1]
-        t = torch.arange(T, device=x.device)
-        lag = t.unsqueeze(1) - t  # [t, s] = t − s
-        allowed = (lag >= 0) & (lag < self.window)
-        scores = (q @ k.transpose(1, 2)) / math.sqrt(self.head_dim)
+        B, T, _ = x.shape
+        if state is None:
+            w = self.window - 1
+            keys, values, filled = k.new_zeros(B, w, self.head_dim), v.new_zeros(B, w, self.head_dim), x.new_zeros(B, w)
+        else:
+            keys, values, filled = state  # (B, W−1, d), (B, W−1, d), (B, W−1) oldest first
+        keys, values = torch.cat([keys, k], dim=1), torch.cat([values, v], dim=1)  # (B, W−1+T, d)
+        filled = torch.cat([filled, x.new_ones(B, T)], dim=1)  # (B, W−1+T)
+        t = torch.arange(T, device=x.device) + self.window - 1  # the queries' slots
+        lag = t.unsqueeze(1) - torch.arange(keys.shape[1], device=x.device)  # [t, s] = t − s
+        allowed = (lag >= 0) & (lag < self.window) & (filled.unsqueeze(1) > 0)  # (B, T, W−1+T)
+        scores = (q @ keys.transpose(1, 2)) / math.sqrt(self.head_dim)
         scores = scores.masked_fill(~allowed, float("-inf"))
-        return self.w_o(torch.softmax(scores, dim=-1) @ v)
+        out = self.w_o(torch.softmax(scores, dim=-1) @ values)
+        return out, (keys[:, T:], values[:, T:], filled[:, T:])
 
     def state_shapes(self):
         w, d = self.window - 1, self.head_dim

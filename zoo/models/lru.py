@@ -68,10 +68,11 @@ class DiagonalComplexBlock(RecurrentBlock):
     def mix_output(self, y_tilde: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_chunk(self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None):
         u = self.mix_input(x)  # (B, T, w)
-        h = parallel_scan(self.lam(), self.drive(u), complex_pairs=True)  # (B, T, n, 2)
-        return self.mix_output(_real_part_of_product(self.c, h) + self.d * u, x)
+        h0 = None if state is None else state[0]  # (B, n, 2)
+        h = parallel_scan(self.lam(), self.drive(u), complex_pairs=True, h0=h0)  # (B, T, n, 2)
+        return self.mix_output(_real_part_of_product(self.c, h) + self.d * u, x), (h[:, -1],)
 
     def state_shapes(self):
         return [("h", (self.hidden, 2))]

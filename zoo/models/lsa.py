@@ -42,11 +42,17 @@ class LSALayer(nn.Module):
         self.w_v = nn.Parameter(torch.randn(d, d) * init_std)
         self.w_p = nn.Parameter(torch.randn(d, d) * init_std)
 
-    def attend(self, e: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """W_P Σ_s v_s k_sᵀ q_t for every t, keys restricted by `mask` (T, T)."""
+    def attend(self, e: torch.Tensor, mask: torch.Tensor, kv: torch.Tensor | None = None):
+        """W_P (S_0 + Σ_s v_s k_sᵀ) q_t for every t, keys restricted by `mask` (T, T), where S_0 = `kv`
+        (B, d, d) sums the keys of earlier chunks (None: none); also returns S_0 + Σ_t v_t k_tᵀ."""
         q, k, v = e @ self.w_q.T, e @ self.w_k.T, e @ self.w_v.T  # (B, T, d)
         scores = (q @ k.transpose(1, 2)) * mask  # (B, T, T): [t, s] = k_sᵀ q_t
-        return (scores @ v) @ self.w_p.T  # (B, T, d)
+        read = scores @ v  # (B, T, d)
+        chunk_kv = v.transpose(1, 2) @ k  # (B, d, d): Σ_t v_t k_tᵀ
+        if kv is not None:
+            read = read + q @ kv.transpose(1, 2)
+            chunk_kv = kv + chunk_kv
+        return read @ self.w_p.T, chunk_kv  # (B, T, d), (B, d, d)
 
     def step(self, e: torch.Tensor, kv: torch.Tensor, strict: bool):
         """One token e (B, d) with state kv = Σ v kᵀ (B, d, d)."""
@@ -57,6 +63,7 @@ class LSALayer(nn.Module):
 
 
 class LinearSelfAttention(ZooModel):
+    chunk_len = 256  # a chunk attends within itself through a (T, T) mask: keep it small
     def __init__(
         self,
         d: int,
@@ -95,12 +102,23 @@ class LinearSelfAttention(ZooModel):
             yield from self.layers
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self._layers_from(tokens, None)[0]
+
+    def forward_chunk(self, tokens: torch.Tensor, state: tuple[torch.Tensor, ...] | None):
+        self._require_recurrent()
+        return self._layers_from(tokens, state)
+
+    def _layers_from(self, tokens: torch.Tensor, state: tuple[torch.Tensor, ...] | None):
         e = tokens  # (B, T, d)
         mask = self._mask(e.shape[1], e)
-        for layer in self._applied_layers():
-            update = self.damping * layer.attend(e, mask)
+        state = state or (None,) * (len(self.layers) * self.loops)
+        new_state = []
+        for layer, kv in zip(self._applied_layers(), state):
+            update, kv = layer.attend(e, mask, kv)
+            update = self.damping * update
             e = e + update if self.residual else update
-        return e
+            new_state.append(kv)
+        return e, tuple(new_state)
 
     def instantaneous(self, x: torch.Tensor) -> torch.Tensor:
         """The layer's polynomial kernel W_P (W_V x)(W_K x)ᵀ(W_Q x) for single tokens x (…, d)."""

@@ -56,14 +56,21 @@ class MambaBlock(RecurrentBlock):
         return a, bu, c
 
     def forward(self, x: torch.Tensor, *, parallel: bool = True) -> torch.Tensor:
+        return self.forward_chunk(x, None, parallel=parallel)[0]
+
+    def forward_chunk(self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None, *, parallel: bool = True):
         B, T, _ = x.shape
         u, z = self.in_proj(x).chunk(2, dim=-1)  # (B, T, e)
-        u = F.silu(self.conv(F.pad(u.transpose(1, 2), (self.kernel - 1, 0))).transpose(1, 2))
+        conv_in, h0 = state if state is not None else (u.new_zeros(B, self.kernel - 1, self.inner), None)
+        u = torch.cat([conv_in, u], dim=1)  # (B, k − 1 + T, e): the conv's inputs, earlier ones first
+        conv_in = u[:, T:]
+        u = F.silu(self.conv(u.transpose(1, 2)).transpose(1, 2))  # (B, T, e)
         a, bu, c = self._selective(u)
         scan = parallel_scan if parallel else sequential_scan
-        h = scan(a.flatten(2), bu.flatten(2)).view(B, T, self.inner, self.state_size)  # (B, T, e, N)
+        h0 = None if h0 is None else h0.flatten(1)
+        h = scan(a.flatten(2), bu.flatten(2), h0=h0).view(B, T, self.inner, self.state_size)  # (B, T, e, N)
         y = (h @ c.unsqueeze(-1)).squeeze(-1) + self.d * u
-        return self.out_proj(y * F.silu(z))
+        return self.out_proj(y * F.silu(z)), (conv_in, h[:, -1])
 
     def state_shapes(self):
         return [("conv", (self.kernel - 1, self.inner)), ("h", (self.inner, self.state_size))]

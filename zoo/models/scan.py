@@ -1,15 +1,19 @@
-"""Linear recurrences h_t = a_t ⊙ h_{t−1} + b_t (h_0 = 0): sequential and parallel scans.
+"""Linear recurrences h_t = a_t ⊙ h_{t−1} + b_t from h_0 (zero unless given): sequential and parallel scans.
 
 The parallel form composes the affine maps (a, b)∘(a', b') = (a a', a' b + b') with
-Hillis–Steele doubling: ⌈log₂ T⌉ vectorised steps instead of T Python steps. Both forms
-agree to rounding (tested); the diagonal RNN, GD-SSM, LRU and Mamba families use the
-parallel one in `forward` and the sequential one is their `step`.
+Hillis–Steele doubling: ⌈log₂ T⌉ vectorised steps instead of T Python steps. After the
+doublings `a` holds the prefix products A_t = a_1 ⋯ a_t, so a start state enters as
+h_t = b_t + A_t ⊙ h_0 (what a streamed chunk needs). Both forms agree to rounding (tested);
+the diagonal RNN, GD-SSM, LRU, Mamba and Griffin families use the parallel one in `forward`
+and `forward_chunk`, and the sequential one is their `step`.
 
 Complex recurrences (LRU, S5) pass `complex_pairs=True`: the last axis of a and b holds
 (real, imaginary), so nothing complex reaches an exported ONNX graph.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -21,11 +25,12 @@ def complex_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.stack([re, im], dim=-1)
 
 
-def sequential_scan(a: torch.Tensor, b: torch.Tensor, *, complex_pairs: bool = False) -> torch.Tensor:
-    """a, b: (B, T, …) (a may broadcast) → h: (B, T, …)."""
+def sequential_scan(a: torch.Tensor, b: torch.Tensor, *, complex_pairs: bool = False,
+                    h0: torch.Tensor | None = None) -> torch.Tensor:
+    """a, b: (B, T, …) (a may broadcast), h0: (B, …) or None (zeros) → h: (B, T, …)."""
     a = a.expand_as(b)
     mul = complex_mul if complex_pairs else torch.mul
-    h = torch.zeros_like(b[:, 0])
+    h = torch.zeros_like(b[:, 0]) if h0 is None else h0
     out = []
     for t in range(b.shape[1]):
         h = mul(a[:, t], h) + b[:, t]
@@ -34,17 +39,29 @@ def sequential_scan(a: torch.Tensor, b: torch.Tensor, *, complex_pairs: bool = F
 
 
 # Doublings traced into exported whole-sequence graphs: they are valid for T ≤ this (recorded
-# in the graph's metadata); longer streams go through the step graph, which has no limit.
+# in the graph's metadata); longer streams go through the chunk or step graph, which have no limit.
 EXPORT_MAX_LEN = 2**12
+_export_len = EXPORT_MAX_LEN  # the bound of the graph being exported (chunk graphs use a shorter one)
+
+
+@contextlib.contextmanager
+def export_length(n: int):
+    """Trace scans for sequences of at most `n` steps (⌈log₂ n⌉ doublings, and a guard past n)."""
+    global _export_len
+    previous, _export_len = _export_len, n
+    try:
+        yield
+    finally:
+        _export_len = previous
 
 
 def length_guard(x: torch.Tensor) -> torch.Tensor:
-    """1, read from a constant of EXPORT_MAX_LEN ones at index T − 1 (T = x.shape[1]).
+    """1, read from a constant of `_export_len` ones at index T − 1 (T = x.shape[1]).
 
     Multiplying a scan's input by it changes nothing, but in an exported graph it is a Gather
-    whose index runs out of bounds when T > EXPORT_MAX_LEN: ONNX Runtime then raises
+    whose index runs out of bounds when T exceeds the bound: ONNX Runtime then raises
     ("indices element out of data bounds") instead of returning a scan that stopped early."""
-    ones = torch.ones(EXPORT_MAX_LEN, dtype=x.dtype, device=x.device)
+    ones = torch.ones(_export_len, dtype=x.dtype, device=x.device)
     return ones[x.shape[1] - 1]
 
 
@@ -62,15 +79,16 @@ def _delay_map(a: torch.Tensor, offset: int, complex_pairs: bool) -> torch.Tenso
     return torch.stack([_delay(a[..., 0], offset, 1.0), _delay(a[..., 1], offset, 0.0)], dim=-1)
 
 
-def parallel_scan(a: torch.Tensor, b: torch.Tensor, *, complex_pairs: bool = False) -> torch.Tensor:
+def parallel_scan(a: torch.Tensor, b: torch.Tensor, *, complex_pairs: bool = False,
+                  h0: torch.Tensor | None = None) -> torch.Tensor:
     """Same result as `sequential_scan` in ⌈log₂ T⌉ steps (inclusive prefix of affine maps)."""
     a = a.expand_as(b)
     mul = complex_mul if complex_pairs else torch.mul
     T = b.shape[1]
     # An exported graph cannot branch on its dynamic T, so it gets enough doublings for
-    # EXPORT_MAX_LEN; doublings past T leave the result unchanged.
+    # the export bound; doublings past T leave the result unchanged.
     exporting = torch.compiler.is_exporting()
-    limit = EXPORT_MAX_LEN if exporting else T
+    limit = _export_len if exporting else T
     if exporting:  # make a longer input fail loudly instead of returning a partial scan
         b = b * length_guard(b)
     offset = 1
@@ -79,4 +97,6 @@ def parallel_scan(a: torch.Tensor, b: torch.Tensor, *, complex_pairs: bool = Fal
         b = mul(a, _delay(b, offset, 0.0)) + b
         a = mul(a, _delay_map(a, offset, complex_pairs))
         offset *= 2
+    if h0 is not None:  # a is now the prefix product A_t: h_t = b_t + A_t h_0
+        b = b + mul(a, h0.unsqueeze(1))
     return b

@@ -4,9 +4,10 @@
     out_t = W_out x_L
 
 No normalisation layers (Zucchet et al. A.1 compare LRUs, LSTMs and GRUs "without norms").
-A block implements `forward(x (B, T, h))`, `state_shapes()` → [(name, shape without batch)]
-and `step(x (B, h), state) -> (y, new_state)`; the stack names the state `<layer>.<name>`
-and checks `forward` = iterated `step` in the tests of every family.
+A block implements `forward_chunk(x (B, T, h), state | None) -> (y, state after the last step)`
+(`forward` is it from the zero state), `state_shapes()` → [(name, shape without batch)] and
+`step(x (B, h), state) -> (y, new_state)`; the stack names the state `<layer>.<name>` and the
+tests of every family check `forward_chunk` = iterated `step`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,13 @@ from zoo.tasks.regression import Readout
 class RecurrentBlock(nn.Module):
     recurrent = True  # has a constant-size state and `step`
     dynamic_time = True  # `forward` exports with a symbolic sequence length
+    chunk_len = 1024  # the longest chunk the exported chunk graph takes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_chunk(x, None)[0]
+
+    def forward_chunk(self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None):
+        raise NotImplementedError
 
     def state_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         raise NotImplementedError
@@ -39,6 +47,7 @@ class SequenceStack(ZooModel):
         self.residual = residual
         self.recurrent = all(block.recurrent for block in blocks)
         self.dynamic_time = all(block.dynamic_time for block in blocks)
+        self.chunk_len = min(block.chunk_len for block in blocks)
         self.vmappable = all(getattr(block, "vmappable", True) for block in blocks)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -47,6 +56,17 @@ class SequenceStack(ZooModel):
             y = block(x)
             x = x + y if self.residual else y
         return self.head(x)  # (B, T, d_out)
+
+    def forward_chunk(self, tokens: torch.Tensor, state: tuple[torch.Tensor, ...] | None):
+        self._require_recurrent()
+        x, new_state, i = self.embed(tokens), [], 0
+        for block in self.blocks:
+            n = len(block.state_shapes())
+            y, block_state = block.forward_chunk(x, None if state is None else tuple(state[i : i + n]))
+            i += n
+            new_state.extend(block_state)
+            x = x + y if self.residual else y
+        return self.head(x), tuple(new_state)
 
     # ------------------------------------------------------------------ recurrence
     def _require_recurrent(self) -> None:

@@ -8,8 +8,12 @@ and targets y_t = W x_t. How the examples become tokens is the task's `layout`:
                    x and y in disjoint channels                           (Sushma, Tian et al. §3.2)
     "products"     c_t = (x_t y_t, x_{t+1}), t = 1..C: C tokens, d_y = 1  (Sushma, Tian et al. §3.1,
                    the "constructed context vectors"; the last one carries the query)
+    "triples"      s_t = (x_t, y_t, x_{t+1}), t = 1..C: C tokens            ("Recurrent networks can
+                   learn in-context by gradient descent", E = [e_x(t), e_y(t), e_x(t+1)])
 
-and the model must predict y_{C+1} at the last position.
+and the model must predict y_{C+1} at the last position. On "triples" it predicts y_{t+1} at
+*every* position t, as soon as x_{t+1} arrives: the batch's `targets` are y_2..y_{C+1} (B, C, d_y),
+training fits them all, and `query_targets` (y_{C+1}) is the last of them.
 
 `target = "sine"` replaces y = W x by Finn et al.'s sine waves, y = A sin(x − φ) with
 A ~ U(amplitude) and φ ~ U(phase) per task (d_x = d_y = 1; Sushma, Tian et al. A.3, Figure 4B):
@@ -22,7 +26,8 @@ Conventions (one for the whole zoo):
                 with learning rate η, so ŷ = η Σ_i y_i x_iᵀ x_q  (Zucchet App. C.2).
                 The blogpost's η_blog on the mean loss is η_blog = C · η.
     read-out  = "pairs": minus the y-channels of the last token (the θ_GD sign convention);
-                the GD-SSM layouts: the first d_y output channels of the last token, sign +1.
+                the GD-SSM layouts: the first d_y output channels of the last token, sign +1;
+                "triples": the first d_y output channels of every token, sign +1.
 
 Glossary (code → paper):
     n_context      C (blogpost, von Oswald) / T (Zucchet)
@@ -60,10 +65,14 @@ class Readout:
 
 @dataclass
 class TaskBatch:
-    tokens: torch.Tensor  # (B, C+1, d_x+d_y), query's y-channels zeroed
-    targets: torch.Tensor  # (B, d_y)  y of the query
+    tokens: torch.Tensor  # (B, T, token_dim) in the task's layout, the query's y never shown
+    targets: torch.Tensor  # what the read-out is trained on: (B, d_y) y of the query; "triples": (B, C, d_y) y_2..y_{C+1}
     x: torch.Tensor  # (B, C+1, d_x)  context inputs then the query input
     y: torch.Tensor  # (B, C+1, d_y)  targets of every position, query included
+
+    @property
+    def query_targets(self) -> torch.Tensor:
+        return self.y[:, -1]  # (B, d_y)
 
     @property
     def x_context(self) -> torch.Tensor:
@@ -78,7 +87,7 @@ class TaskBatch:
         return self.x[:, -1]
 
 
-LAYOUTS = ("pairs", "interleaved", "products")
+LAYOUTS = ("pairs", "interleaved", "products", "triples")
 
 
 @dataclass(frozen=True)
@@ -89,7 +98,7 @@ class LinearRegressionTask:
     x_scale: float = 1.0
     w_std: float = 1.0
     x_dist: str = "uniform"  # "uniform" on (−x_scale, x_scale) or "normal" with std x_scale
-    layout: str = "pairs"  # how examples become tokens: "pairs" | "interleaved" | "products"
+    layout: str = "pairs"  # how examples become tokens: "pairs" | "interleaved" | "products" | "triples"
     target: str = "linear"  # "linear" (y = W x) or "sine" (y = A sin(x − φ), d_x = d_y = 1)
     amplitude: tuple[float, float] = (0.1, 5.0)  # sine: A ~ U(range)
     phase: tuple[float, float] = (0.0, math.pi)  # sine: φ ~ U(range)
@@ -106,7 +115,7 @@ class LinearRegressionTask:
 
     @property
     def token_dim(self) -> int:
-        return 2 * self.d_x if self.layout == "products" else self.d_x + self.d_y
+        return {"products": 2 * self.d_x, "triples": 2 * self.d_x + self.d_y}.get(self.layout, self.d_x + self.d_y)
 
     @property
     def seq_len(self) -> int:
@@ -120,17 +129,25 @@ class LinearRegressionTask:
 
     @property
     def n_tokens(self) -> int:
-        return {"pairs": self.n_context + 1, "interleaved": 2 * self.n_context + 1, "products": self.n_context}[self.layout]
+        c = self.n_context
+        return {"pairs": c + 1, "interleaved": 2 * c + 1, "products": c, "triples": c}[self.layout]
+
+    @property
+    def every_position(self) -> bool:
+        """The model predicts y_{t+1} at every position t (the "triples" layout), not only the query."""
+        return self.layout == "triples"
 
     @property
     def readout(self) -> Readout:
         if self.layout == "pairs":
             return Readout(position=-1, start=self.d_x, stop=self.d_x + self.d_y, sign=-1.0)
-        return Readout(position=-1, start=0, stop=self.d_y, sign=1.0)
+        return Readout(position=None if self.every_position else -1, start=0, stop=self.d_y, sign=1.0)
 
     @property
     def query_channels(self) -> tuple[int, int]:
         """Channels of the last token that hold x_query (for sensitivities ∂ŷ/∂x_query)."""
+        if self.layout == "triples":
+            return (self.d_x + self.d_y, 2 * self.d_x + self.d_y)
         return (self.d_x, 2 * self.d_x) if self.layout == "products" else (0, self.d_x)
 
     # ---------------------------------------------------------------- sampling
@@ -184,8 +201,11 @@ class LinearRegressionTask:
             y_tok = torch.cat([torch.zeros_like(x[:, :c]), y[:, :c]], dim=-1)  # (N, C, d)
             pairs = torch.stack([x_tok[:, :c], y_tok], dim=2).reshape(n, 2 * c, -1)
             tokens = torch.cat([pairs, x_tok[:, c:]], dim=1)  # (N, 2C+1, d)
-        else:  # products
+        elif self.layout == "products":
             tokens = torch.cat([x[:, :-1] * y[:, :-1], x[:, 1:]], dim=-1)  # (N, C, 2 d_x)
+        else:  # triples
+            tokens = torch.cat([x[:, :-1], y[:, :-1], x[:, 1:]], dim=-1)  # (N, C, 2 d_x + d_y)
+            return TaskBatch(tokens=tokens, targets=y[:, 1:], x=x, y=y)  # y_{t+1} at every position t
         return TaskBatch(tokens=tokens, targets=y[:, -1], x=x, y=y)
 
     # ---------------------------------------------------------------- metrics
@@ -202,12 +222,23 @@ class LinearRegressionTask:
     def x_kurtosis(self) -> float:
         return 9 / 5 if self.x_dist == "uniform" else 3.0
 
-    def analytic_eta(self) -> float:
-        """Optimal one-step-GD η (Zucchet App. C.2, Eq. 30 with i.i.d. inputs of kurtosis κ).
+    def analytic_eta(self, n_context: int | None = None) -> float:
+        """Optimal one-step-GD η (Zucchet App. C.2, Eq. 30 with i.i.d. inputs of kurtosis κ), for
+        the task's C or, given `n_context`, for a prefix of that many examples.
         Sine tasks have no closed form: the closed-form optimum over 8192 tasks of seed 0."""
         if self.target == "sine":
             return _sine_eta(self)
-        return 1.0 / (self.x_variance * (self.n_context + self.d_x - 2 + self.x_kurtosis))
+        n = self.n_context if n_context is None else n_context
+        return 1.0 / (self.x_variance * (n + self.d_x - 2 + self.x_kurtosis))
+
+    def online_eta(self) -> float:
+        """The online-GD (delta rule) rate the zoo compares with: η = 1/E‖x‖² = 1/(σ_x² d_x), the
+        normalised-LMS rate at which one step fits the current example in expectation."""
+        return 1.0 / (self.x_variance * self.d_x)
+
+    def prefix_etas(self) -> torch.Tensor:
+        """η*_t for the prefixes t = 1..C (the "triples" layout predicts after each)."""
+        return torch.tensor([self.analytic_eta(t) for t in range(1, self.n_context + 1)], dtype=torch.float64)
 
     def analytic_gd_loss(self, eta: float | None = None, w_std: float | None = None) -> float:
         """Expected loss of one GD step with η, per output coordinate: ½ σ_W² σ_x² Tr E[(I − η XXᵀ)²]
@@ -241,7 +272,7 @@ def empirical_eta(batch: TaskBatch) -> float:
     ŷ(η) = η g with g = Σ_i y_i x_iᵀ x_q, so the loss is quadratic in η: η* = Σ y_q·g / Σ g².
     """
     g = gd_predict(batch, 1.0).double()
-    return float((batch.targets.double() * g).sum() / (g * g).sum())
+    return float((batch.query_targets.double() * g).sum() / (g * g).sum())
 
 
 def line_search_eta(
@@ -262,6 +293,36 @@ def line_search_eta(
             d = a + ratio * (b - a)
             fd = loss_of_eta(d)
     return (a + b) / 2
+
+
+def prefix_gd_predict(batch: TaskBatch, etas: torch.Tensor) -> torch.Tensor:
+    """One GD step from W = 0 on each prefix, applied to the next input: for t = 1..C,
+    ŷ_{t+1} = η_t Σ_{s≤t} y_s x_sᵀ x_{t+1}  →  (B, C, d_y)."""
+    x, y = batch.x, batch.y  # (B, C+1, d_x), (B, C+1, d_y)
+    w = torch.cumsum(y[:, :-1].unsqueeze(-1) * x[:, :-1].unsqueeze(-2), dim=1)  # (B, C, d_y, d_x): Σ_{s≤t} y_s x_sᵀ
+    read = (w @ x[:, 1:].unsqueeze(-1)).squeeze(-1)  # (B, C, d_y)
+    return etas.to(read).view(1, -1, 1) * read
+
+
+def online_gd_predict(batch: TaskBatch, eta: float) -> torch.Tensor:
+    """Online GD (the delta rule / LMS): one step per example, W_t = W_{t−1} + η (y_t − W_{t−1} x_t) x_tᵀ
+    from W_0 = 0, each W_t applied to x_{t+1}  →  (B, C, d_y)."""
+    x, y = batch.x, batch.y
+    w = x.new_zeros(x.shape[0], y.shape[-1], x.shape[-1])
+    preds = []
+    for t in range(x.shape[1] - 1):
+        residual = y[:, t] - (w @ x[:, t].unsqueeze(-1)).squeeze(-1)  # (B, d_y)
+        w = w + eta * residual.unsqueeze(-1) * x[:, t].unsqueeze(-2)
+        preds.append((w @ x[:, t + 1].unsqueeze(-1)).squeeze(-1))
+    return torch.stack(preds, dim=1)
+
+
+def prefix_least_squares_predict(batch: TaskBatch) -> torch.Tensor:
+    """Minimum-norm least squares on each prefix t = 1..C, applied to x_{t+1}  →  (B, C, d_y)."""
+    x, y = batch.x.double(), batch.y.double()
+    preds = [(x[:, t + 1].unsqueeze(1) @ (torch.linalg.pinv(x[:, : t + 1]) @ y[:, : t + 1])).squeeze(1)
+             for t in range(x.shape[1] - 1)]
+    return torch.stack(preds, dim=1).to(batch.x.dtype)
 
 
 def least_squares_predict(batch: TaskBatch) -> torch.Tensor:
