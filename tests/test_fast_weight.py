@@ -108,3 +108,27 @@ def test_the_fast_weight_network_needs_the_triples_layout():
     entry = get_entry("fast-weight-triples")
     with pytest.raises(ValueError, match="layout 'triples'"):
         create_model(entry.arch, get_task_spec("linreg-d10-c10").build())
+
+
+def test_built_entry_reports_loss_against_position(tmp_path):
+    """zoo build → eval_results.json's per-position curves → the card's table and figure, and
+    zoo report's loss-against-position section, all the same numbers."""
+    import json
+
+    import zoo
+    from zoo.report import collect, write_report
+
+    folder = tmp_path / "hebbian"
+    zoo.build("fast-weight-hebbian-gd-triples", folder, progress=False)
+    metrics = json.loads((folder / "eval_results.json").read_text())
+    curves = ("position_loss", "position_gd_loss", "position_gd_fixed_loss", "position_online_gd_loss", "position_lstsq_loss")
+    assert all(len(metrics[k]) == TASK.n_context for k in curves)
+    assert metrics["position_loss"] == pytest.approx(metrics["position_gd_loss"], rel=1e-5)  # the construction is GD at η*_t
+    assert metrics["position_loss"][-1] == pytest.approx(metrics["test_loss"], rel=1e-6)  # the query is the last position
+    card = (folder / "README.md").read_text()
+    assert "### Loss against position" in card and (folder / "loss_vs_position.png").stat().st_size > 10_000
+    assert f"| 20 | {metrics['position_loss'][-1]:.4g} |" in card
+    md, *_ = write_report(collect([folder]), tmp_path / "report")
+    table = md.read_text().split("loss against position", 1)[1]
+    assert f"| fast-weight-hebbian-gd-triples | 1 | {metrics['position_loss'][0]:.4g} |" in table
+    assert (tmp_path / "report" / "report-linreg-triples-d5-c20-position.png").exists()

@@ -58,7 +58,8 @@ def test_local_sweep_runs_resumes_and_reports(tmp_path):
     ckpt = zoo.load(str(tmp_path / "out" / "gated-rnn-zucchet-icl--seed1"))
     assert ckpt.provenance["seed"] == 1
     report_rows = collect([tmp_path / "out"])
-    md, png = write_report(report_rows, tmp_path / "report")
+    md, raw, png = write_report(report_rows, tmp_path / "report")
+    assert {r["model"] for r in json.loads(raw.read_text())} == {r["model"] for r in report_rows}
     text = md.read_text()
     assert "## zucchet-icl" in text and "lsa-gd-zucchet-icl" in text and png.stat().st_size > 10_000
     # Table 2 for the gated RNNs (the constructed LSA has a polynomial too): the saved coefficients, GD's η*
@@ -156,7 +157,7 @@ def test_report_scans_a_task_field(tmp_path):
     gd = {2: 1.4, 10: 0.83, 100: 0.15}
     rows = [row("lsa", c, 1.01 * g, g) for c, g in gd.items()] + [row("lstm", c, 1.5, g, 200) for c, g in gd.items()]
     rows.append(row("lstm", 10, 0.9, gd[10], steps=5000))  # the same run, trained longer elsewhere
-    md, _, scan_png = write_report(rows, tmp_path / "report")
+    md, _, _, scan_png = write_report(rows, tmp_path / "report")
     text = md.read_text()
     heads = [line for line in text.splitlines() if line.startswith("## linreg-d10-c10--")]
     assert heads == [f"## linreg-d10-c10--n_context={c}" for c in (2, 10, 100)]  # natural order, not 10 < 100 < 2

@@ -7,7 +7,7 @@
     ckpt = zoo.load("gated-rnn-zucchet-icl")  # a released checkpoint, by bare entry name
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from zoo.registry import get_entry, list_entries  # noqa: E402
 

@@ -136,7 +136,10 @@ def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
     from zoo.expected import check
     from zoo.registry import default_registry
 
-    released = default_registry().entries.get(entry.name) == entry  # the registry's entry, not a variant
+    # the registry's entry (its weights' definition: arch, source, task), not a variant; notes may differ
+    registered = default_registry().entries.get(entry.name)
+    definition = lambda e: (e.arch, e.source, e.task)  # noqa: E731
+    released = registered is not None and definition(registered) == definition(entry)
     load_name = repo_id or (entry.name if released else folder.name)
     card = ModelCard.from_template(
         card_data(ckpt, dataset_repo, dataset_revision),

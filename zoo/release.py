@@ -605,6 +605,7 @@ def refresh_release(root: Path | None = None, *, only: list[str] | None = None, 
             write_card_and_figures(ckpt, root / name)
         index["entries"][name] = index_row(name, root / name, build_seconds=row.get("build_seconds"),
                                            steps_per_second=row.get("steps_per_second"))
+    index["version"] = VERSION  # the release these files make up (a refresh may change them: new graphs, cards)
     write_index(root, index)
     return index
 

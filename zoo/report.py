@@ -1,8 +1,10 @@
 """`zoo report`: trained models, GD and least squares side by side, per task.
 
 Reads checkpoint folders (or sweep folders, which hold one checkpoint per run), and writes
-`report.md` (a table per task) and `report.png` (test loss against the task's GD and
-least-squares losses, and the sensitivity cosine to GD) in the output folder.
+`report.md` (a table per task), `results.json` (the per-run rows behind it) and `report.png`
+(test loss against the task's GD and least-squares losses, and the sensitivity cosine to GD)
+in the output folder; sweeps over a task field and tasks predicted at every position
+("triples") get a table and a figure of their own.
 """
 
 from __future__ import annotations
@@ -82,7 +84,9 @@ def write_report(rows: list[dict], out: Path) -> list[Path]:
         figures.append(_scan_figure(base, field, variants, out / f"report-{base}-{field}.png"))
     md = out / "report.md"
     md.write_text("\n".join(lines))
-    return [md, _figure(rows, tasks, out / "report.png"), *figures]
+    raw = out / "results.json"  # the per-run rows the tables and figures are drawn from
+    raw.write_text(json.dumps(rows, indent=1, sort_keys=True) + "\n")
+    return [md, raw, _figure(rows, tasks, out / "report.png"), *figures]
 
 
 def _polynomial_table(task: str, group: list[dict]) -> list[str]:
