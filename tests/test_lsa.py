@@ -123,3 +123,32 @@ def test_zeroing_x_updates_keeps_the_one_layer_prediction(rng):
     assert zeroed[1]["test_loss"] != pytest.approx(plain[1]["test_loss"], rel=1e-3)
     with pytest.raises(ValueError, match="one-layer"):
         loop_curve(LinearSelfAttention(task.token_dim, task.readout, n_layers=2).double(), task, b, [2], [1.0])
+
+
+def test_constant_channel_lets_one_layer_do_gd_on_the_products_layout():
+    """On c_t = (x_t y_t, x_{t+1}) a bias-free LSA is odd in the tokens and cannot beat the zero
+    predictor; with the constant channel and no residual, one causal layer is one GD step:
+    k = x_t y_t, q = x_{t+1}, v = the constant into output channel 0, W_P = η I."""
+    from zoo.models import create_model
+    from zoo.registry import get_entry, get_task_spec
+
+    entry = get_entry("lsa-1l-gdssm-1d")
+    task = get_task_spec(entry.task).build()
+    model = create_model(entry.arch, task).double()
+    f, eta = task.d_x, task.analytic_eta()
+    d = 2 * f + 1  # with the constant channel
+    with torch.no_grad():
+        layer = model.layers[0]
+        layer.w_k.zero_()[:f, :f] = torch.eye(f)  # keys: x_t y_t
+        layer.w_q.zero_()[:f, f : 2 * f] = torch.eye(f)  # queries: x_{t+1}
+        layer.w_v.zero_()[0, d - 1] = 1.0  # values: the constant, into channel 0
+        layer.w_p.copy_(eta * torch.eye(d, dtype=torch.float64))
+    b = task.sample(500, seed=21, dtype=torch.float64)
+    with torch.no_grad():
+        pred = model.predict(b.tokens)
+        flipped = model.predict(-b.tokens)
+    torch.testing.assert_close(pred, gd_predict(b, eta), rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(flipped, -pred)  # no longer odd in the tokens
+    bias_free = create_model(entry.arch.model_copy(update={"constant": False}), task).double()
+    with torch.no_grad():
+        torch.testing.assert_close(bias_free.predict(-b.tokens), -bias_free.predict(b.tokens))  # odd without it

@@ -116,6 +116,7 @@ class LSAArch(Strict):
     damping: float = Field(1.0, ge=0)  # λ scaling every update (looped LSA needs ≈0.7–0.75)
     init_std: float = Field(0.02, gt=0)  # N(0, init_std²) for every weight
     residual: bool = True  # e ← e + update (von Oswald); False: e ← update (Zucchet Eq. 1)
+    constant: bool = False  # append a channel fixed at 1 to every token: affine keys/values/queries (models/lsa.py)
 
 
 class GatedRNNArch(Strict):
@@ -304,13 +305,25 @@ class Registry:
         return self.tasks[name]
 
 
+ARCH_ADAPTER = TypeAdapter(Arch)
+SOURCE_ADAPTER = TypeAdapter(Source)
+
+
+def _explicit(adapter: TypeAdapter, data: dict) -> dict:
+    """`data` validated, then dumped without the fields left at their defaults."""
+    return adapter.dump_python(adapter.validate_python(data), mode="json", exclude_defaults=True)
+
+
 def definition_sha256(entry: dict, task: dict) -> str:
     """SHA-256 of what determines an entry's weights: its arch, its source (recipe or construction)
-    and its task (JSON dumps, as in a checkpoint's config.json)."""
+    and its task (as in a checkpoint's config.json). Fields at their defaults are left out, so a
+    field added later with a default that keeps the old behaviour leaves every existing definition,
+    and every checkpoint built from one, current."""
     import hashlib
     import json
 
-    doc = {"arch": entry["arch"], "source": entry["source"], "task": task}
+    doc = {"arch": _explicit(ARCH_ADAPTER, entry["arch"]), "source": _explicit(SOURCE_ADAPTER, entry["source"]),
+           "task": _explicit(TASK_ADAPTER, task)}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -325,6 +338,8 @@ def construction_problem(entry: Entry, task: TaskSpec) -> str | None:
     if c.construction == "gd":
         if entry.arch.type != "lsa" or task.kind != "linear_regression" or task.layout != "pairs":
             return "'gd' needs arch type 'lsa' on a linear_regression task with layout 'pairs'"
+        if entry.arch.constant:
+            return "'gd' sets the weights of tokens (x, y): it needs constant = false"
     elif c.construction == "gd_ssm":
         if entry.arch.type != "gd_ssm" or task.kind != "linear_regression":
             return "'gd_ssm' needs arch type 'gd_ssm' on a linear_regression task"

@@ -21,6 +21,7 @@ def create_model(arch, task) -> ZooModel:
         return LinearSelfAttention(
             d=task.token_dim, readout=task.readout, n_layers=arch.n_layers, attention=arch.attention,
             loops=arch.loops, damping=arch.damping, init_std=arch.init_std, residual=arch.residual,
+            constant=arch.constant,
         )
     if arch.type == "gated_rnn":
         return GatedLinearRNN(

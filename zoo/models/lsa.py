@@ -19,6 +19,12 @@ Recurrent form (the two causal modes): with S_t = Σ_{s∈S(t)} v_s k_sᵀ ∈ R
     strict_causal:  out_t = e_t + W_P S_{t−1} q_t ;  S_t = S_{t−1} + v_t k_tᵀ
 so memory is one d×d matrix per layer, whatever the stream length.
 
+With `constant=True` every token gets an extra channel fixed at 1 before the first layer (dropped
+from the output): keys, values and queries become affine in the token, as with the biases or the
+embedding of the papers' transformers. Without it a layer is odd in the tokens, f(−e) = −f(e),
+which on the GD-SSM token layouts (where flipping x and W flips every token but not the target)
+cannot beat the zero predictor.
+
 Glossary: d = d_x + d_y (token width); W_Q, W_K, W_V, W_P are `w_q, w_k, w_v, w_p`;
 λ is `damping`; K is `loops`; e are `tokens`.
 """
@@ -74,8 +80,10 @@ class LinearSelfAttention(ZooModel):
         damping: float = 1.0,
         init_std: float = 0.02,
         residual: bool = True,
+        constant: bool = False,
     ):
         super().__init__(d_in=d, d_out=d, readout=readout)
+        self.constant = constant
         if attention not in ATTENTION_MODES:
             raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
         self.attention = attention
@@ -83,7 +91,14 @@ class LinearSelfAttention(ZooModel):
         self.damping = damping
         self.recurrent = attention != "context"
         self.residual = residual
-        self.layers = nn.ModuleList(LSALayer(d, init_std) for _ in range(n_layers))
+        self.layers = nn.ModuleList(LSALayer(d + constant, init_std) for _ in range(n_layers))
+
+    def _in(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(…, d) → (…, d + 1) with the constant channel, when the model has one."""
+        return torch.cat([tokens, torch.ones_like(tokens[..., :1])], dim=-1) if self.constant else tokens
+
+    def _out(self, e: torch.Tensor) -> torch.Tensor:
+        return e[..., : self.d_out]
 
     def _mask(self, T: int, like: torch.Tensor) -> torch.Tensor:
         s = torch.arange(T, device=like.device)
@@ -109,7 +124,7 @@ class LinearSelfAttention(ZooModel):
         return self._layers_from(tokens, state)
 
     def _layers_from(self, tokens: torch.Tensor, state: tuple[torch.Tensor, ...] | None):
-        e = tokens  # (B, T, d)
+        e = self._in(tokens)  # (B, T, d)
         mask = self._mask(e.shape[1], e)
         state = state or (None,) * (len(self.layers) * self.loops)
         new_state = []
@@ -118,12 +133,12 @@ class LinearSelfAttention(ZooModel):
             update = self.damping * update
             e = e + update if self.residual else update
             new_state.append(kv)
-        return e, tuple(new_state)
+        return self._out(e), tuple(new_state)
 
     def instantaneous(self, x: torch.Tensor) -> torch.Tensor:
         """The layer's polynomial kernel W_P (W_V x)(W_K x)ᵀ(W_Q x) for single tokens x (…, d)."""
-        if len(self.layers) != 1 or self.loops != 1:
-            raise ValueError("the instantaneous polynomial is defined for one LSA layer")
+        if len(self.layers) != 1 or self.loops != 1 or self.constant:
+            raise ValueError("the instantaneous polynomial is defined for one LSA layer without a constant channel")
         layer = self.layers[0]
         q, k, v = x @ layer.w_q.T, x @ layer.w_k.T, x @ layer.w_v.T
         return ((k * q).sum(-1, keepdim=True) * v) @ layer.w_p.T
@@ -135,18 +150,18 @@ class LinearSelfAttention(ZooModel):
 
     def init_state(self, batch: int) -> tuple[torch.Tensor, ...]:
         self._require_recurrent()
-        p = self._param_like()
-        return tuple(p.new_zeros(batch, self.d_in, self.d_in) for _ in range(len(self.layers) * self.loops))
+        p, d = self._param_like(), self.d_in + self.constant
+        return tuple(p.new_zeros(batch, d, d) for _ in range(len(self.layers) * self.loops))
 
     def step(self, token: torch.Tensor, state: tuple[torch.Tensor, ...]):
         self._require_recurrent()
         strict = self.attention == "strict_causal"
-        e, new_state = token, []
+        e, new_state = self._in(token), []
         for layer, kv in zip(self._applied_layers(), state):
             delta, kv = layer.step(e, kv, strict)
             e = e + self.damping * delta if self.residual else self.damping * delta
             new_state.append(kv)
-        return e, tuple(new_state)
+        return self._out(e), tuple(new_state)
 
     def _require_recurrent(self) -> None:
         if not self.recurrent:
