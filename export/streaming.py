@@ -38,13 +38,20 @@ class StreamError(ValueError):
 
 
 def _resolve(path_or_repo: str | Path, revision: str | None, endpoint: str | None) -> tuple[Path, Path | None]:
-    """The step graph, and the chunk graph beside it (None if there is none): a given step
-    graph file takes its sibling; a checkpoint takes the one its config lists (and verified)."""
+    """The step graph, and the chunk graph beside it (None if there is none): a checkpoint's (or a
+    given step graph's folder's) chunk graph is taken only when its config lists it and it verifies."""
+    from zoo.checkpoint import CheckpointError, verify_files
+
     p = Path(path_or_repo)
-    if p.is_file():
+    if p.is_file():  # a bare graph: its sibling chunk graph only from a checkpoint folder that verifies and lists it
         sibling = p.with_name(CHUNK_FILE)
-        return p, sibling if p.name == STEP_FILE and sibling.is_file() else None
-    from zoo.checkpoint import verify_files
+        if p.name != STEP_FILE or not (sibling.exists() or sibling.is_symlink()):
+            return p, None
+        try:
+            listed = verify_files(p.parent).get("files", {})
+        except (CheckpointError, OSError):
+            listed = {}
+        return p, sibling if CHUNK_FILE in listed else None
     from zoo.release import resolve
 
     folder = p if p.is_dir() else resolve(str(path_or_repo), revision=revision, endpoint=endpoint)
@@ -57,8 +64,13 @@ def _resolve(path_or_repo: str | Path, revision: str | None, endpoint: str | Non
 
 class StreamingSession:
     def __init__(self, path_or_repo: str | Path, *, providers: list[str] | None = None,
-                 revision: str | None = None, endpoint: str | None = None, threads: int | None = None):
+                 revision: str | None = None, endpoint: str | None = None, threads: int | None = None,
+                 chunk: str | Path | None = None):
+        """`chunk`: a chunk graph file to use with a bare step graph file (the caller vouches for it;
+        its metadata must still match the step graph's)."""
         self.path, self.chunk_path = _resolve(path_or_repo, revision, endpoint)
+        if chunk is not None:
+            self.chunk_path = Path(chunk)
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
@@ -145,7 +157,9 @@ class StreamingSession:
             if kind == "parallel":
                 session = ort.InferenceSession(str(self.chunk_path), self._options, providers=self._providers)
                 meta = session.get_modelmeta().custom_metadata_map
-                if meta.get("icl_zoo.graph") != "chunk" or json.loads(meta["icl_zoo.state_layout"]) != self.layout:
+                step_meta = self.session.get_modelmeta().custom_metadata_map
+                same = ("icl_zoo.entry", "icl_zoo.d_in", "icl_zoo.d_out", "icl_zoo.readout", "icl_zoo.state_layout")
+                if meta.get("icl_zoo.graph") != "chunk" or any(meta.get(k) != step_meta.get(k) for k in same):
                     raise StreamError(f"{self.chunk_path} is not the chunk graph of {self.path} (metadata differs)")
                 time = meta["icl_zoo.time"]  # "1..N" (a parallel scan bounded by N) or "any" (a scanned step)
                 longest = CHUNK if time == "any" else int(time.split("..")[1])

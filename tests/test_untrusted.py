@@ -385,3 +385,37 @@ def test_hub_dataset_without_any_hash_is_refused(built, tmp_path, capsys):
     _resign(dst, config)
     code = main(["eval", str(dst), "--dataset", "someone/split", "--endpoint", "http://127.0.0.1:9"])
     assert code == 2 and "cannot be verified; refusing to score it" in capsys.readouterr().err
+
+
+def test_a_chunk_graph_is_used_only_when_its_checkpoint_lists_it(tmp_path):
+    """A step graph file's sibling model_chunk.onnx runs only when the folder's config.json lists
+    it with its hash; an unlisted or symlinked one is refused by the folder route and ignored by the
+    file route (the scanned step graph runs instead), and another model's chunk graph is refused."""
+    import shutil
+
+    import numpy as np
+
+    from export import StreamError, StreamingSession
+    from zoo.checkpoint import CheckpointError
+    from zoo.release import release_dir
+
+    folder = tmp_path / "fw"
+    shutil.copytree(release_dir() / "fast-weight-triples", folder)
+    other = release_dir() / "fast-weight-hebbian-fixed-triples" / "model_chunk.onnx"  # same state layout
+    assert StreamingSession(folder / "model_step.onnx").chunk_path == folder / "model_chunk.onnx"  # listed, verified
+    (folder / "model_chunk.onnx").unlink()
+    (folder / "model_chunk.onnx").symlink_to(other)
+    with pytest.raises(CheckpointError):
+        StreamingSession(folder)
+    session = StreamingSession(folder / "model_step.onnx")
+    assert session.chunk_path is None  # the hostile sibling is not run
+    tokens = np.random.default_rng(0).uniform(-1, 1, (1, 5, session.d_in)).astype(np.float32)
+    session.reset(1)
+    chunked = session.push(tokens)
+    session.reset(1)
+    stepped = np.stack([session.push(tokens[:, t]) for t in range(5)], axis=1)
+    np.testing.assert_allclose(chunked, stepped, rtol=1e-5, atol=1e-6)
+    vouched = StreamingSession(folder / "model_step.onnx", chunk=other)  # given explicitly: metadata still checked
+    vouched.reset(1)
+    with pytest.raises(StreamError, match="not the chunk graph"):
+        vouched.push(tokens)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import tomllib
 from pathlib import Path
 
@@ -92,6 +94,14 @@ def card_data(ckpt, dataset_repo: str | None = None, dataset_revision: str | Non
     )
 
 
+def _listed_files(folder: Path) -> dict:
+    """The files config.json records with a hash (the ones a reader may be pointed to)."""
+    try:
+        return json.loads((folder / "config.json").read_text()).get("files", {})
+    except (OSError, ValueError):
+        return {}
+
+
 def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
                            dataset_repo: str | None = None, dataset_revision: str | None = None) -> Path:
     folder = Path(folder)
@@ -162,7 +172,7 @@ def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
         paper_links=paper_links(entry),
         repo_url=REPO_URL,
         streaming=(folder / "model_step.onnx").exists(),
-        chunk_graph=(folder / "model_chunk.onnx").exists(),
+        chunk_graph="model_chunk.onnx" in _listed_files(folder),
     )
     card.save(folder / "README.md")
     return folder / "README.md"

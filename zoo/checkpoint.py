@@ -228,7 +228,7 @@ def verify_files(folder: Path) -> dict:
         raise CheckpointError(f"{config_path} was edited after the weights were saved (its hash is "
                               f"{config_core_sha256(config)}, the weights record {recorded}); refusing to load it")
     # Everything the zoo reads from the folder is listed with a hash: graphs, metrics, history.
-    for name in ("model.onnx", "model_step.onnx", EVAL_RESULTS, HISTORY):
+    for name in HASHED_FILES:
         if ((folder / name).exists() or (folder / name).is_symlink()) and name not in files:
             raise CheckpointError(f"{folder}: {name} is not listed in {CONFIG} with a hash; refusing to use it")
     return config

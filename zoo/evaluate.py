@@ -195,8 +195,8 @@ def loop_curve(model, task: LinearRegressionTask, batch: TaskBatch, loops: list[
     whatever λ; zeroed, the trained layer iterates like GD."""
     import copy
 
-    if not (isinstance(model, LinearSelfAttention) and len(model.layers) == 1 and model.loops == 1):
-        raise ValueError("loop curves take a one-layer, unlooped LSA (e.g. lsa-d10-c10 or lsa-gd-d10-c10)")
+    if not (isinstance(model, LinearSelfAttention) and len(model.layers) == 1 and model.loops == 1) or task.layout != "pairs":
+        raise ValueError("loop curves take a one-layer, unlooped LSA on (x, y) pairs (e.g. lsa-d10-c10 or lsa-gd-d10-c10)")
     eta = task.analytic_eta() if eta is None else eta
     param = next(model.parameters())
     if zero_x_updates:

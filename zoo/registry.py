@@ -305,6 +305,9 @@ class Registry:
         return self.tasks[name]
 
 
+# Bump when an existing field's default changes: every definition that relied on the old default
+# then hashes differently, and the release rebuilds what was built under it.
+DEFAULTS_VERSION = 1
 ARCH_ADAPTER = TypeAdapter(Arch)
 SOURCE_ADAPTER = TypeAdapter(Source)
 
@@ -323,7 +326,7 @@ def definition_sha256(entry: dict, task: dict) -> str:
     import json
 
     doc = {"arch": _explicit(ARCH_ADAPTER, entry["arch"]), "source": _explicit(SOURCE_ADAPTER, entry["source"]),
-           "task": _explicit(TASK_ADAPTER, task)}
+           "task": _explicit(TASK_ADAPTER, task), "defaults": DEFAULTS_VERSION}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 

@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from pydantic import ValidationError
+
 import zoo
 from zoo.checkpoint import CONFIG, CheckpointError, contained_file, sha256_file
 from zoo.expected import check, verdict
@@ -381,9 +383,9 @@ def _adoptable(folder: Path, name: str) -> bool:
 
     try:
         config = verify_files(folder)
-    except (CheckpointError, OSError):
+        return definition_sha256(config["entry"], config["task"]) == entry_fingerprint(name)
+    except (CheckpointError, OSError, ValidationError):  # a folder of another schema is rebuilt, not adopted
         return False
-    return definition_sha256(config["entry"], config["task"]) == entry_fingerprint(name)
 
 
 def _is_current(root: Path, row: dict | None) -> bool:
