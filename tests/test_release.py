@@ -97,6 +97,10 @@ def test_released_entry_pulls_rescores_and_streams(served, name):
         session = StreamingSession(folder)
         session.reset(tokens.shape[0])
         graphs.append(np.stack([session.push(tokens[:, t].numpy()) for t in range(tokens.shape[1])], axis=1))
+        assert session.chunk_path == folder / "model_chunk.onnx", "a recurrent entry ships its chunk graph"
+        few = 4  # the chunk graph at ≤ 8 streams, all positions at once (triples: every prediction)
+        session.reset(few)
+        graphs.append(np.concatenate([session.push(tokens[:few].numpy()), out[few:]]))  # rows past `few`: as above
     else:
         assert not getattr(ckpt.model, "recurrent", False), "a recurrent entry must ship its step graph"
     for got in graphs:

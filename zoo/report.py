@@ -144,12 +144,9 @@ def _position_table(task: str, group: list[dict]) -> list[str]:
 
 
 def _position_figure(task: str, group: list[dict], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from zoo.analysis.plots import POSITION_CURVES
+    from zoo.analysis.plots import POSITION_AXIS, POSITION_CURVES, finish
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     t = list(range(1, len(group[0]["position_loss"]) + 1))
@@ -165,14 +162,8 @@ def _position_figure(task: str, group: list[dict], path: Path) -> Path:
                             color=f"C{i % 10}", alpha=0.2)
     ax.set_yscale("log")
     ax.set_ylim(bottom=lowest / 3)  # noise-free least squares is exact (~1e-15) once t ≥ d_x
-    ax.set_xlabel("examples seen t (predicting y_{t+1})")
-    ax.set_ylabel("test loss (½·MSE)")
-    ax.set_title(f"{task}: loss against position")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return finish(fig, ax, path, xlabel=POSITION_AXIS, title=f"{task}: loss against position", legend_size=7,
+                  grid=False, dpi=110)
 
 
 def _natural(name: str) -> list:
@@ -252,11 +243,10 @@ def _scan_table(base: str, field: str, variants: dict[float, list[dict]]) -> lis
 
 
 def _scan_figure(base: str, field: str, variants: dict[float, list[dict]], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
+
+    from zoo.analysis.plots import finish
 
     values = list(variants)
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -274,14 +264,8 @@ def _scan_figure(base: str, field: str, variants: dict[float, list[dict]], path:
     ax.set_yscale("log")
     shown = [r[k] for g in variants.values() for r in g for k in ("test_loss", "gd_loss") if r.get(k, 0) > 0]
     ax.set_ylim(bottom=0.5 * min(shown))  # least squares reaches ~1e-15 once C ≥ d: let it leave the axes
-    ax.set_xlabel(f"task.{field}")
-    ax.set_ylabel("test loss (½·MSE)")
-    ax.set_title(f"{base}: loss against {field}")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return finish(fig, ax, path, xlabel=f"task.{field}", title=f"{base}: loss against {field}", legend_size=7,
+                  grid=False, dpi=110)
 
 
 def _figure(rows: list[dict], tasks: list[str], path: Path) -> Path:

@@ -11,6 +11,21 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 
+def finish(fig, ax, path: Path, *, xlabel: str, ylabel: str = "test loss  (½·MSE)", title: str = "",
+           title_size: float | None = None, legend_size: float = 8, grid: bool = True, dpi: int | None = None) -> Path:
+    """Label, legend and save a one-axes figure, then free it."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=title_size)
+    if grid:
+        ax.grid(alpha=0.3)
+    ax.legend(fontsize=legend_size)
+    fig.tight_layout()
+    fig.savefig(path, **({"dpi": dpi} if dpi else {}))
+    plt.close(fig)
+    return path
+
+
 def loss_curve(history: list[dict], path: Path, *, gd_loss: float | None = None, gd_steps: int = 1, title: str = "") -> Path:
     steps = [h["step"] for h in history]
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
@@ -22,15 +37,7 @@ def loss_curve(history: list[dict], path: Path, *, gd_loss: float | None = None,
         steps_label = "one GD step" if gd_steps == 1 else f"{gd_steps} GD steps"
         ax.axhline(gd_loss, color="k", ls="--", lw=1, label=f"{steps_label} ({gd_loss:.4g})")
     ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss  (½·MSE)")
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return finish(fig, ax, path, xlabel="step", ylabel="loss  (½·MSE)", title=title, title_size=9)
 
 
 def weight_matrices(matrices: dict[str, torch.Tensor], path: Path, *, title: str = "") -> Path:
@@ -106,6 +113,7 @@ def loop_curve_figure(rows: list[dict], path: Path, *, title: str = "") -> Path:
     return path
 
 
+POSITION_AXIS = "examples seen t (predicting y_{t+1})"
 POSITION_CURVES = {  # metric key → (label, style)
     "position_loss": ("this model", dict(color="C0", lw=2)),
     "position_gd_loss": ("one GD step on the prefix, η*_t", dict(color="k", ls="--", lw=1)),
@@ -127,12 +135,4 @@ def position_curve(metrics: dict, path: Path, *, title: str = "") -> Path:
     floor = min(min(metrics[k]) for k in POSITION_CURVES if k in metrics and k != "position_lstsq_loss")
     ax.set_ylim(bottom=floor / 3)
     ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.set_xlabel("examples seen t (predicting y_{t+1})")
-    ax.set_ylabel("test loss  (½·MSE)")
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return finish(fig, ax, path, xlabel=POSITION_AXIS, title=title, title_size=9, legend_size=7)
