@@ -88,3 +88,25 @@ def test_bad_task_field_and_bad_toml(tmp_path):
     write(tmp_path, "[tasks.t\n", name="fam.toml")
     with pytest.raises(RegistryError, match="fam.toml: not valid TOML"):
         load_registry(tmp_path)
+
+
+def test_a_deviation_names_the_entry_with_the_papers_recipe():
+    from zoo.registry import get_entry
+
+    entry = get_entry("gated-rnn-zucchet-icl")
+    paper = get_entry(entry.paper_recipe)
+    assert entry.deviation and paper.source.optimizer == "adamw" and paper.source.recurrent_lr is None
+    assert (paper.arch, paper.task, paper.source.steps) == (entry.arch, entry.task, entry.source.steps)
+
+
+def test_paper_recipe_without_a_deviation_is_refused(tmp_path):
+    import shutil
+
+    from zoo.registry import ENTRIES_DIR, RegistryError, load_registry
+
+    for f in ENTRIES_DIR.glob("*.toml"):
+        shutil.copy(f, tmp_path / f.name)
+    path = tmp_path / "zucchet.toml"
+    path.write_text(path.read_text().replace('paper_recipe = "gated-rnn-zucchet-icl-b1"', 'paper_recipe = "no-such-entry"'))
+    with pytest.raises(RegistryError, match="paper_recipe"):
+        load_registry(tmp_path)

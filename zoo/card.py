@@ -173,6 +173,8 @@ def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
         repo_url=REPO_URL,
         streaming=(folder / "model_step.onnx").exists(),
         chunk_graph="model_chunk.onnx" in _listed_files(folder),
+        deviation=(registered if released else entry).deviation,  # documentation: the registry's current words
+        paper_recipe=(registered if released else entry).paper_recipe,
     )
     card.save(folder / "README.md")
     return folder / "README.md"

@@ -265,6 +265,8 @@ class Entry(Strict):
     arch: Arch
     source: Source
     expected: dict[str, Expected] = {}  # metric name → paper value; shown on the model card
+    deviation: str = ""  # how this entry's recipe departs from the paper's and why (measured); shown on the card
+    paper_recipe: str | None = None  # with a deviation: the entry that trains the paper's own recipe, shown beside it
 
     @field_validator("name")
     @classmethod
@@ -427,6 +429,9 @@ def load_registry(directory: Path = ENTRIES_DIR) -> Registry:
             except ValidationError as e:
                 errors.append(_format_errors(file, "entry", name, e))
     for entry in entries.values():
+        if entry.paper_recipe is not None and (entry.paper_recipe not in entries or not entry.deviation):
+            errors.append(f"{entry.file}: entry '{entry.name}': field 'paper_recipe': needs a 'deviation' and an "
+                          f"existing entry, got {entry.paper_recipe!r}")
         if entry.task not in tasks:
             errors.append(f"{entry.file}: entry '{entry.name}': field 'task': unknown task {entry.task!r}")
         elif entry.source.kind == "constructed":
