@@ -69,6 +69,8 @@ def cmd_eval(args) -> int:
     ckpt = zoo.load(args.path, revision=args.revision, endpoint=args.endpoint)
     task = ckpt.task
     _register_variant_task(ckpt)
+    if args.dataset and args.split != "test":
+        raise ValueError("--dataset downloads the test split; score the validation split from the registry's seeds")
     if args.dataset:
         expected = ckpt.provenance.get("dataset_hashes", {}).get("test")
         if expected is None:  # fall back on the registry's hash; never score an unverified download
@@ -82,7 +84,7 @@ def cmd_eval(args) -> int:
         split = load_split_from_hub(args.dataset, split="test", revision=args.dataset_revision,
                                     expected_sha256=expected, endpoint=args.endpoint)
     else:
-        split = load_split(ckpt.entry.task, "test")
+        split = load_split(ckpt.entry.task, args.split)  # hash-checked against the registry
     reference = gd_reference(ckpt.entry, task, ckpt.construction, recorded=ckpt.metrics)
     metrics = rescore(ckpt, split)
     metrics["dataset"] = split.name
@@ -398,6 +400,8 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("eval", help="score a checkpoint (folder or Hub repo) on its frozen test split")
     s.add_argument("path", help="checkpoint folder or ORG/NAME")
+    s.add_argument("--split", choices=["test", "validation"], default="test",
+                   help="frozen split to score (validation: e.g. Zucchet's shifted W* ~ N(0, 2/3), what Figs. 4–5 report)")
     s.add_argument("--revision")
     s.add_argument("--dataset", help="Hub dataset repo ORG/NAME holding the frozen test split")
     s.add_argument("--dataset-revision")
