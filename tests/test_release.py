@@ -285,3 +285,19 @@ def test_release_publish_pushes_tags_and_collects(small_release):
         assert f"/api/{kind}/{repo}/commit/main" in paths
         assert f"/api/{kind}/{repo}/tag/main" in paths
     assert paths.count("/api/collections/org/icl-zoo-v0-1/items") == 3
+
+
+def test_eval_scores_the_shifted_validation_split(capsys, monkeypatch):
+    """Zucchet's Figs. 4–5 report W* ~ N(0, 2/3), the task's frozen validation split: `zoo eval
+    --split validation` scores a released checkpoint there (hash-checked), GD's loss doubling with
+    the variance of W*."""
+    from zoo.cli import main
+
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    assert main(["eval", "gated-rnn-gd-zucchet-icl", "--split", "validation", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["dataset"] == "zucchet-icl/validation"
+    assert out["dataset_sha256"] == zoo.registry.get_task_spec("zucchet-icl").splits["validation"].sha256
+    test = INDEX["entries"]["gated-rnn-gd-zucchet-icl"]["test_loss"]
+    assert out["test_loss"] == pytest.approx(out["gd_loss"], rel=1e-4)  # the construction is GD
+    assert out["test_loss"] == pytest.approx(2 * test, rel=0.05)  # ½ σ_W² … : twice the variance of W*
