@@ -158,9 +158,10 @@ def _state_layout(model, state) -> list[dict]:
 
 
 @torch.no_grad()
-def export_chunk(model, path: Path, *, entry_name: str = "") -> Path:
+def export_chunk(model, path: Path, *, entry_name: str = "", step_graph: Path | None = None) -> Path:
     """Write the chunk graph of a recurrent model (fp32): its `forward_chunk` traced for
-    T ≤ `chunk_len` where it has a parallel form, else the step graph scanned over time."""
+    T ≤ `chunk_len` where it has a parallel form, else the step graph scanned over time (the
+    model's `step_graph` file when one was just exported, else a fresh export)."""
     model = _fp32_copy(model)
     state = model.init_state(EXPORT_BATCH)
     if model.dynamic_time:
@@ -171,14 +172,15 @@ def export_chunk(model, path: Path, *, entry_name: str = "") -> Path:
         with export_length(model.chunk_len):
             _export(_ChunkGraph(model), (tokens, *state), path, ["tokens", *in_names], ["out", *out_names], dyn)
         valid = f"1..{model.chunk_len}"
+    elif step_graph is not None:
+        onnx.save(scan_step_graph(onnx.load(str(step_graph))), str(path))
+        valid = "any"
     else:
         step = Path(path).with_suffix(".step.tmp")
         try:
-            export_step(model, step, entry_name=entry_name)
-            onnx.save(scan_step_graph(onnx.load(str(step))), str(path))
+            return export_chunk(model, path, entry_name=entry_name, step_graph=export_step(model, step, entry_name=entry_name))
         finally:
             step.unlink(missing_ok=True)
-        valid = "any"
     _metadata(path, {**_common_metadata(model, entry_name), "graph": "chunk", "time": valid,
                      "state_layout": _state_layout(model, state)})
     return path
@@ -263,6 +265,6 @@ def export_checkpoint_graphs(ckpt, folder: Path) -> list[Path]:
     written = [export_sequence(ckpt.model, folder / SEQUENCE_FILE, entry_name=ckpt.entry.name,
                                seq_len=ckpt.task.n_tokens)]
     if getattr(ckpt.model, "recurrent", False):
-        written.append(export_step(ckpt.model, folder / STEP_FILE, entry_name=ckpt.entry.name))
-        written.append(export_chunk(ckpt.model, folder / CHUNK_FILE, entry_name=ckpt.entry.name))
+        step = export_step(ckpt.model, folder / STEP_FILE, entry_name=ckpt.entry.name)
+        written += [step, export_chunk(ckpt.model, folder / CHUNK_FILE, entry_name=ckpt.entry.name, step_graph=step)]
     return written

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-
 import tomllib
 from pathlib import Path
 
@@ -151,6 +150,7 @@ def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
     definition = lambda e: (e.arch, e.source, e.task)  # noqa: E731
     released = registered is not None and definition(registered) == definition(entry)
     load_name = repo_id or (entry.name if released else folder.name)
+    listed = _listed_files(folder)
     card = ModelCard.from_template(
         card_data(ckpt, dataset_repo, dataset_revision),
         template_path=str(templates_dir() / "card.md.j2"),
@@ -171,8 +171,8 @@ def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
         run_line=run_line(ckpt),
         paper_links=paper_links(entry),
         repo_url=REPO_URL,
-        streaming=(folder / "model_step.onnx").exists(),
-        chunk_graph="model_chunk.onnx" in _listed_files(folder),
+        streaming="model_step.onnx" in listed,
+        chunk_graph="model_chunk.onnx" in listed,
         deviation=(registered if released else entry).deviation,  # documentation: the registry's current words
         paper_recipe=(registered if released else entry).paper_recipe,
     )

@@ -32,9 +32,7 @@ def predictions_and_sensitivities(model, tokens: torch.Tensor, query_channels: t
     preds, sens = [], []
     for chunk in tokens.split(CHUNK):
         chunk = chunk.detach().clone().requires_grad_(True)
-        pred = model.predict(chunk)  # (n, d_y); tasks are independent, so Σ_n gives per-task grads
-        if pred.dim() == 3:  # a prediction at every position ("triples"): the query's is the last
-            pred = pred[:, -1]
+        pred = model.predict_query(chunk)  # (n, d_y); tasks are independent, so Σ_n gives per-task grads
         rows = []
         for j in range(pred.shape[1]):
             (g,) = torch.autograd.grad(pred[:, j].sum(), chunk, retain_graph=j + 1 < pred.shape[1])
@@ -172,8 +170,7 @@ def input_scale_curve(model, task: LinearRegressionTask, scales: list[float], *,
         shifted = dataclasses.replace(task, x_scale=task.x_scale * alpha)
         b = shifted.sample(n, seed=seed, dtype=torch.float64)
         with torch.no_grad():
-            pred = model.predict(b.tokens.to(param)).double()
-        pred = pred[:, -1] if pred.dim() == 3 else pred
+            pred = model.predict_query(b.tokens.to(param)).double()
         rows.append({"input_scale": alpha, "test_loss": task.loss(pred, b.query_targets).item(),
                      "gd_loss": task.loss(gd_predict(b, eta, gd_steps, ridge), b.query_targets).item()})
     return rows

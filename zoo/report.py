@@ -14,11 +14,12 @@ import math
 import re
 from pathlib import Path
 
+from zoo.analysis.plots import POSITION_AXIS, POSITION_CURVES, finish
 from zoo.checkpoint import CONFIG, EVAL_RESULTS
 
 COLUMNS = ("test_loss", "gd_loss", "lstsq_loss", "pred_l2_to_gd", "sensitivity_cosine", "gd_steps", "polynomial_distance",
            "kv_score", "q_score", "imperfect_memory_effect", "memory_leak")
-POSITION_KEYS = ("position_loss", "position_gd_loss", "position_gd_fixed_loss", "position_online_gd_loss", "position_lstsq_loss")
+POSITION_KEYS = tuple(POSITION_CURVES)  # loss against position: the model's and its baselines' (zoo/evaluate.py)
 REGRESSION_COLUMNS = ["gd_loss", "gd_steps", "pred_l2_to_gd", "sensitivity_cosine"]
 TEACHER_COLUMNS = ["polynomial_distance", "kv_score", "q_score", "imperfect_memory_effect", "memory_leak"]  # students of an LSA teacher: no GD reference
 
@@ -135,8 +136,6 @@ def _position_table(task: str, group: list[dict]) -> list[str]:
         mean, std = _mean_std(curves)
         cells = [f"{mean[t - 1]:.4g} ± {std[t - 1]:.2g}" if len(curves) > 1 else f"{mean[t - 1]:.4g}" for t in ts]
         lines.append(f"| {entry} | {len(curves)} | " + " | ".join(cells) + " |")
-    from zoo.analysis.plots import POSITION_CURVES
-
     for key, (label, _) in POSITION_CURVES.items():
         if key != "position_loss" and key in group[0]:
             lines.append(f"| {label} | | " + " | ".join(f"{group[0][key][t - 1]:.4g}" for t in ts) + " |")
@@ -145,8 +144,6 @@ def _position_table(task: str, group: list[dict]) -> list[str]:
 
 def _position_figure(task: str, group: list[dict], path: Path) -> Path:
     import matplotlib.pyplot as plt
-
-    from zoo.analysis.plots import POSITION_AXIS, POSITION_CURVES, finish
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     t = list(range(1, len(group[0]["position_loss"]) + 1))
@@ -245,8 +242,6 @@ def _scan_table(base: str, field: str, variants: dict[float, list[dict]]) -> lis
 def _scan_figure(base: str, field: str, variants: dict[float, list[dict]], path: Path) -> Path:
     import matplotlib.pyplot as plt
     import matplotlib.ticker
-
-    from zoo.analysis.plots import finish
 
     values = list(variants)
     fig, ax = plt.subplots(figsize=(7, 4.5))

@@ -38,6 +38,10 @@ class ZooModel(nn.Module):
     def predict(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.readout(self(tokens))
 
+    def predict_query(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The query's prediction (B, d_y), also for tasks that predict at every position."""
+        return self.readout.query(self(tokens))
+
     def state_names(self) -> list[str]:
         raise NotRecurrentError(f"{type(self).__name__} has no recurrent state")
 

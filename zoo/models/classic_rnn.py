@@ -35,11 +35,8 @@ class LSTMBlock(RecurrentBlock):
         self.lstm = nn.LSTM(width, hidden, batch_first=True, bidirectional=bidirectional)
 
     def forward_chunk(self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None):
-        if state is None:
-            y, (h, c) = self.lstm(x)  # (B, T, width)
-            return y, (h[-1], c[-1])
-        y, (h, c) = self.lstm(x, (state[0].unsqueeze(0), state[1].unsqueeze(0)))
-        return y, (h[0], c[0])
+        y, (h, c) = self.lstm(x, None if state is None else (state[0].unsqueeze(0), state[1].unsqueeze(0)))
+        return y, (h[-1], c[-1])  # (B, T, width); the last direction's final state (the only one when recurrent)
 
     def state_shapes(self):
         return [("h", (self.width,)), ("c", (self.width,))]

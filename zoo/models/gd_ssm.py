@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from zoo.models.base import ZooModel
-from zoo.models.scan import parallel_scan, sequential_scan
+from zoo.models.scan import parallel_scan, sequential_scan, with_history
 from zoo.tasks.regression import Readout
 
 
@@ -144,9 +144,9 @@ class GDSSM(ZooModel):
         B, T, f = tokens.shape
         if history is None:
             history = tokens.new_zeros(B, self.window - 1, f)
-        padded = torch.cat([history, tokens], dim=1)  # (B, T+w−1, f)
+        padded, history = with_history(history, tokens)  # (B, T+w−1, f)
         slots = [padded[:, k : k + T] for k in range(self.window)]  # oldest first
-        return self._with_constant(torch.cat(slots, dim=-1)), padded[:, T:]
+        return self._with_constant(torch.cat(slots, dim=-1)), history
 
     def _output(self, m: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         query = (m @ (c @ self.q.T).unsqueeze(-1)).squeeze(-1)  # (..., m_v)

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.models.scan import parallel_scan
+from zoo.models.scan import parallel_scan, with_history
 from zoo.models.stack import RecurrentBlock
 
 RG_LRU_C = 8.0
@@ -59,8 +59,7 @@ class GriffinRecurrentBlock(RecurrentBlock):
         B, T, _ = x.shape
         g = F.gelu(self.w_g(x))
         conv_in, h0 = state if state is not None else (x.new_zeros(B, self.kernel - 1, self.inner), None)
-        u = torch.cat([conv_in, self.w_u(x)], dim=1)  # (B, k − 1 + T, e): the conv's inputs, earlier ones first
-        conv_in = u[:, T:]
+        u, conv_in = with_history(conv_in, self.w_u(x))  # (B, k − 1 + T, e): the conv's inputs, earlier ones first
         u = self.conv(u.transpose(1, 2)).transpose(1, 2)  # (B, T, e)
         a, b = self._recurrence_terms(u)
         h = parallel_scan(a, b, h0=h0)  # (B, T, e)
@@ -95,15 +94,15 @@ class LocalAttentionBlock(RecurrentBlock):
             keys, values, filled = k.new_zeros(B, w, self.head_dim), v.new_zeros(B, w, self.head_dim), x.new_zeros(B, w)
         else:
             keys, values, filled = state  # (B, W−1, d), (B, W−1, d), (B, W−1) oldest first
-        keys, values = torch.cat([keys, k], dim=1), torch.cat([values, v], dim=1)  # (B, W−1+T, d)
-        filled = torch.cat([filled, x.new_ones(B, T)], dim=1)  # (B, W−1+T)
+        (keys, new_keys), (values, new_values) = with_history(keys, k), with_history(values, v)  # (B, W−1+T, d)
+        filled, new_filled = with_history(filled, x.new_ones(B, T))  # (B, W−1+T)
         t = torch.arange(T, device=x.device) + self.window - 1  # the queries' slots
         lag = t.unsqueeze(1) - torch.arange(keys.shape[1], device=x.device)  # [t, s] = t − s
         allowed = (lag >= 0) & (lag < self.window) & (filled.unsqueeze(1) > 0)  # (B, T, W−1+T)
         scores = (q @ keys.transpose(1, 2)) / math.sqrt(self.head_dim)
         scores = scores.masked_fill(~allowed, float("-inf"))
         out = self.w_o(torch.softmax(scores, dim=-1) @ values)
-        return out, (keys[:, T:], values[:, T:], filled[:, T:])
+        return out, (new_keys, new_values, new_filled)
 
     def state_shapes(self):
         w, d = self.window - 1, self.head_dim

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.models.scan import parallel_scan, sequential_scan
+from zoo.models.scan import parallel_scan, sequential_scan, with_history
 from zoo.models.stack import RecurrentBlock
 
 
@@ -62,8 +62,7 @@ class MambaBlock(RecurrentBlock):
         B, T, _ = x.shape
         u, z = self.in_proj(x).chunk(2, dim=-1)  # (B, T, e)
         conv_in, h0 = state if state is not None else (u.new_zeros(B, self.kernel - 1, self.inner), None)
-        u = torch.cat([conv_in, u], dim=1)  # (B, k − 1 + T, e): the conv's inputs, earlier ones first
-        conv_in = u[:, T:]
+        u, conv_in = with_history(conv_in, u)  # (B, k − 1 + T, e): the conv's inputs, earlier ones first
         u = F.silu(self.conv(u.transpose(1, 2)).transpose(1, 2))  # (B, T, e)
         a, bu, c = self._selective(u)
         scan = parallel_scan if parallel else sequential_scan

@@ -65,6 +65,13 @@ def length_guard(x: torch.Tensor) -> torch.Tensor:
     return ones[x.shape[1] - 1]
 
 
+def with_history(history: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (B, T, …) with the last K steps before it, `history` (B, K, …), prepended: (B, K + T, …), and
+    the new history, its last K steps (what a causal window or convolution carries to the next chunk)."""
+    full = torch.cat([history, x], dim=1)
+    return full, full[:, x.shape[1] :]
+
+
 def _delay(x: torch.Tensor, offset: int, fill: float) -> torch.Tensor:
     """x delayed by `offset` steps along time (dim 1), the first `offset` entries `fill`.
     (Written with pad, not cat: an exported graph keeps T symbolic.)"""
