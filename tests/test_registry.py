@@ -1,5 +1,7 @@
 """The declarative registry: every entry validates, bad files fail naming file, entry and field."""
 
+import re
+
 import pytest
 
 import zoo
@@ -109,4 +111,25 @@ def test_paper_recipe_without_a_deviation_is_refused(tmp_path):
     path = tmp_path / "zucchet.toml"
     path.write_text(path.read_text().replace('paper_recipe = "gated-rnn-zucchet-icl-b1"', 'paper_recipe = "no-such-entry"'))
     with pytest.raises(RegistryError, match="paper_recipe"):
+        load_registry(tmp_path)
+
+
+TRIPLES_TASK = GOOD_TASK.replace("[tasks.t]", "[tasks.t]\nlayout = \"triples\"")
+
+
+@pytest.mark.parametrize("task, arch, source, expected", [
+    (GOOD_TASK, '{ type = "fast_weight" }', '{ kind = "constructed", construction = "hebbian_gd" }',
+     "needs arch type 'fast_weight' on a linear_regression task with layout 'triples'"),
+    (TRIPLES_TASK, '{ type = "fast_weight", key_dim = 3 }', '{ kind = "constructed", construction = "hebbian_gd" }',
+     "needs key_dim = d_x and value_dim = d_y"),
+    (TRIPLES_TASK, '{ type = "fast_weight" }', '{ kind = "constructed", construction = "delta_rule", eta = 0.5 }',
+     "needs update = 'delta'"),
+    (TRIPLES_TASK, '{ type = "fast_weight" }', '{ kind = "constructed", construction = "hebbian_gd" }',
+     "needs position_scale = true"),
+    (TRIPLES_TASK, '{ type = "fast_weight", update = "delta" }', '{ kind = "constructed", construction = "delta_rule" }',
+     "needs a fixed eta"),
+])
+def test_fast_weight_constructions_name_what_does_not_fit(tmp_path, task, arch, source, expected):
+    write(tmp_path, task + f'\n[models.m]\npaper = "p"\ntask = "t"\narch = {arch}\nsource = {source}\n')
+    with pytest.raises(RegistryError, match=f"fam.toml: entry 'm': field 'source.construction': .*{re.escape(expected)}"):
         load_registry(tmp_path)

@@ -419,3 +419,11 @@ def test_a_chunk_graph_is_used_only_when_its_checkpoint_lists_it(tmp_path):
     vouched.reset(1)
     with pytest.raises(StreamError, match="not the chunk graph"):
         vouched.push(tokens)
+
+
+def test_eval_refuses_a_downloaded_validation_split(capsys):
+    """`--dataset` downloads the test split only: asking it for the validation split is a clear error, not a silent test score."""
+    from zoo.cli import main
+
+    assert main(["eval", "lsa-gd-zucchet-icl", "--split", "validation", "--dataset", "someone/split"]) == 2
+    assert "--dataset downloads the test split" in capsys.readouterr().err
