@@ -21,7 +21,8 @@ so memory is one d×d matrix per layer, whatever the stream length.
 
 With `constant=True` every token gets an extra channel fixed at 1 before the first layer (dropped
 from the output): keys, values and queries become affine in the token, as with the biases or the
-embedding of the papers' transformers. Without it a layer is odd in the tokens, f(−e) = −f(e),
+input embedding of a standard transformer (the papers do not say whether their linear
+transformers have either). Without it a layer is odd in the tokens, f(−e) = −f(e),
 which on the GD-SSM token layouts (where flipping x and W flips every token but not the target)
 cannot beat the zero predictor.
 
