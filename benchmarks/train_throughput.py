@@ -1,22 +1,26 @@
-"""Training throughput: model-steps per second, one model at a time vs vmapped ensembles.
+"""Training throughput of every trained family: model-steps per second, eager vs compiled vs ensembles.
 
-    python benchmarks/train_throughput.py                       # CPU, small sizes
+    python benchmarks/train_throughput.py                              # every family, CPU
+    python benchmarks/train_throughput.py --families gated_rnn mamba --members 8 64
     python benchmarks/train_throughput.py --device cuda --members 1 8 64 256
 
-For each model (the Zucchet gated RNN with 80 neurons on the ICL task, and a one-layer LSA,
-both at batch 64) it measures, in one run:
+Each family is measured on one trained registry entry (the first of its arch type, or
+--entries), at that entry's batch and sequence length, in one run:
 
     eager      `zoo.train.train` on one model (the baseline every ratio is against)
-    ens E      `zoo.ensemble.train_ensemble` with E members, per-member data streams, eager launches
+    compiled   the same with compiled=True (torch.compile of forward + backward and of the
+               clipped AdamW update; `zoo release build` trains this way)
+    ens E      `zoo.ensemble.train_ensemble` with E members, per-member data streams (vmap)
     ens E sh   the same with one shared sampling call per step (data="shared")
-    ens E cg   per-member streams, the whole step replayed as one CUDA graph (CUDA only;
-               the default of train_ensemble on a GPU)
+    ens E cg   per-member streams, the whole step replayed as one CUDA graph (CUDA only)
 
-model-steps/s = E × optimiser steps per second, timed as the difference between a run of n
-and of 3n steps, so start-up, graph capture and the final copy-out cancel. It also prints a hardware floor: FLOPs of one
-model-step (torch's FlopCounterMode, forward + backward) against the device's measured matmul
-peak, and the bytes the AdamW update must move against its measured copy bandwidth; the
-smaller of the two bounds is the most model-steps/s the device could sustain.
+model-steps/s = E × optimiser steps per second. `train` times itself after its first few
+steps (compilation and allocation left out); ensembles are timed as the difference between
+a run of n and of 3n steps. The hardware floor is FLOPs of one model-step (torch's
+FlopCounterMode, forward + backward) against the device's measured matmul peak, or the bytes
+the AdamW update moves against the measured copy bandwidth, whichever bounds first; "% of
+floor" says how close a configuration gets. Families whose fused kernels have no vmap rule
+(LSTM, GRU, bi-LSTM) have no ensemble rows.
 """
 
 from __future__ import annotations
@@ -28,15 +32,11 @@ import time
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+import zoo
 from zoo.ensemble import train_ensemble
 from zoo.models import create_model
-from zoo.registry import get_entry, get_task_spec, with_overrides
+from zoo.registry import get_entry, get_task_spec
 from zoo.train import train
-
-MODELS = {  # label → (entry, overrides)
-    "gated-rnn-80": ("gated-rnn-zucchet-icl", {"arch.hidden": 80, "source.batch_size": 64}),
-    "lsa-1l": ("lsa-d10-c10", {"source.batch_size": 64}),
-}
 
 
 def _sync(device):
@@ -78,60 +78,95 @@ def flops_per_model_step(model, task, batch: int, device) -> float:
     return float(counter.get_total_flops())
 
 
+def family_entries(families: list[str] | None) -> dict[str, str]:
+    """arch type → the first trained registry entry of that type."""
+    chosen: dict[str, str] = {}
+    for entry in zoo.list_entries(source="trained"):
+        if not entry.source.init:  # a run started from a construction is not the family's plain cost
+            chosen.setdefault(entry.arch.type, entry.name)
+    if families:
+        unknown = sorted(set(families) - set(chosen))
+        if unknown:
+            raise SystemExit(f"no trained entry of arch type {unknown}; known: {sorted(chosen)}")
+        chosen = {f: chosen[f] for f in families}
+    return chosen
+
+
+def row(tag: str, rate: float, members: int, base: float, floor: float) -> None:
+    print(f"{tag:>16} {rate:10.1f} {rate * members:14.1f} {rate * members / base:8.2f} {100 * rate * members / floor:10.2f}",
+          flush=True)
+
+
+def bench_entry(label: str, entry_name: str, args, device, peak_flops: float, peak_bw: float) -> None:
+    entry = get_entry(entry_name)
+    task = get_task_spec(entry.task).build()
+    recipe = entry.source.model_copy(update={"eval_every": 10**9, "checkpoint_every": 10**9, "warmup_steps": 0})
+
+    def make():
+        return create_model(entry.arch, task)
+
+    tmp = tempfile.mkdtemp()
+    model = make().to(device)
+    params = sum(p.numel() for p in model.parameters())
+    flops = flops_per_model_step(model, task, recipe.batch_size, device)
+    bytes_adam = params * 4 * 7  # read w, g, m, v; write w, m, v
+    floor = min(peak_flops / flops, peak_bw / bytes_adam)
+    tokens = task.sample(1, seed=0).tokens.shape[1]
+    print(f"\n{label} ({entry_name}): {params:,} parameters, batch {recipe.batch_size} × {tokens} tokens, "
+          f"{flops / 1e6:.2f} MFLOP per model-step; floor ≈ {floor:,.0f} model-steps/s "
+          f"(compute {peak_flops / flops:,.0f}, AdamW bytes {peak_bw / bytes_adam:,.0f})")
+    print(f"{'configuration':>16} {'steps/s':>10} {'model-steps/s':>14} {'× eager':>8} {'% of floor':>10}", flush=True)
+
+    def solo(compiled: bool) -> float:
+        torch.manual_seed(0)
+        result = train(make(), task, recipe, run_dir=f"{tmp}/solo-{compiled}", steps=args.steps, device=device,
+                       progress=False, compiled=compiled)
+        return result.steps_per_second
+
+    base = solo(False)
+    row("eager", base, 1, base, floor)
+    if not args.no_compile:
+        row("compiled", solo(True), 1, base, floor)
+    if not getattr(model, "vmappable", True):
+        return
+    variants = [("per_member", False, ""), ("shared", False, " sh")]
+    if device.type == "cuda":
+        variants.append(("per_member", True, " cg"))
+    for members in args.members:
+        for data, graph, suffix in variants:
+            if data == "shared" and members == 1:
+                continue
+
+            def ensemble(n, members=members, data=data, graph=graph):
+                train_ensemble(make, task, recipe, list(range(members)), run_dir=f"{tmp}/ens-{members}-{data}-{graph}-{n}",
+                               steps=n, device=device, data=data, cuda_graph=graph, progress=False)
+
+            # graph replays are cheap: give them more steps so the difference is well above timer noise
+            n = args.steps * (5 if graph else 1) // (1 if device.type == "cuda" else max(1, members // 8))
+            rate = steps_per_second(ensemble, max(5, n), device)
+            row(f"ens {members}{suffix}", rate, members, base, floor)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--members", type=int, nargs="+", default=[1, 8, 64])
-    p.add_argument("--steps", type=int, default=40, help="timed optimiser steps per configuration")
-    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--members", type=int, nargs="*", default=[8], help="ensemble sizes (none: no ensemble rows)")
+    p.add_argument("--steps", type=int, default=60, help="timed optimiser steps per configuration")
+    p.add_argument("--families", nargs="+", metavar="ARCH_TYPE", help="default: every trained family of the registry")
+    p.add_argument("--entries", nargs="+", metavar="ENTRY", help="measure these entries instead of one per family")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's, one per core)")
+    p.add_argument("--no-compile", action="store_true", help="leave out the compiled rows (they compile once per family)")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     peak_flops, peak_bw = measured_peaks(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
-    print(f"device: {name}; measured matmul peak {peak_flops / 1e9:.1f} GFLOP/s, copy {peak_bw / 1e9:.1f} GB/s")
-
-    for label in args.models:
-        entry_name, overrides = MODELS[label]
-        entry = with_overrides(get_entry(entry_name), overrides)
-        task = get_task_spec(entry.task).build()
-        recipe = entry.source.model_copy(update={"eval_every": 10**9, "checkpoint_every": 10**9, "warmup_steps": 0})
-
-        def make():
-            return create_model(entry.arch, task)
-
-        tmp = tempfile.mkdtemp()
-
-        def eager(n):
-            torch.manual_seed(0)
-            train(make(), task, recipe, run_dir=f"{tmp}/eager-{n}", steps=n, device=device, progress=False)
-
-        base = steps_per_second(eager, args.steps, device)
-        model = make().to(device)
-        params = sum(p.numel() for p in model.parameters())
-        flops = flops_per_model_step(model, task, recipe.batch_size, device)
-        bytes_adam = params * 4 * 7  # read w, g, m, v; write w, m, v
-        floor = min(peak_flops / flops, peak_bw / bytes_adam)
-        print(f"\n{label}: {params} parameters, batch {recipe.batch_size}, {flops / 1e6:.2f} MFLOP per model-step; "
-              f"floor ≈ {floor:,.0f} model-steps/s (compute {peak_flops / flops:,.0f}, AdamW bytes {peak_bw / bytes_adam:,.0f})")
-        print(f"{'configuration':>16} {'steps/s':>10} {'model-steps/s':>14} {'× eager':>8} {'% of floor':>10}")
-        print(f"{'eager':>16} {base:10.1f} {base:14.1f} {1.0:8.2f} {100 * base / floor:10.2f}")
-        variants = [("per_member", False, ""), ("shared", False, " sh")]
-        if device.type == "cuda":
-            variants.append(("per_member", True, " cg"))
-        for members in args.members:
-            for data, graph, suffix in variants:
-                if data == "shared" and members == 1:
-                    continue
-
-                def ensemble(n, members=members, data=data, graph=graph):
-                    train_ensemble(make, task, recipe, list(range(members)), run_dir=f"{tmp}/ens-{members}-{data}-{graph}-{n}",
-                                   steps=n, device=device, data=data, cuda_graph=graph, progress=False)
-
-                # graph replays are cheap: give them more steps so the difference is well above timer noise
-                n = args.steps * (5 if graph else 1) // (1 if device.type == "cuda" else max(1, members // 8))
-                rate = steps_per_second(ensemble, max(5, n), device)
-                tag = f"ens {members}{suffix}"
-                print(f"{tag:>16} {rate:10.1f} {rate * members:14.1f} {rate * members / base:8.2f} {100 * rate * members / floor:10.2f}")
+    print(f"device: {name}; torch {torch.__version__}; measured matmul peak {peak_flops / 1e9:.1f} GFLOP/s, "
+          f"copy {peak_bw / 1e9:.1f} GB/s")
+    targets = {e: e for e in args.entries} if args.entries else family_entries(args.families)
+    for label, entry_name in targets.items():
+        bench_entry(label, entry_name, args, device, peak_flops, peak_bw)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from zoo.constructions import construct_gd_lsa
 from zoo.constructions.rnn_from_lsa import lsa_weights, rnn_from_lsa
 from zoo.models.gated_rnn import GatedLinearRNN
 from zoo.models.lsa import LinearSelfAttention
-from zoo.models.scan import parallel_scan, sequential_scan
+from zoo.models.scan import parallel_scan, scan, sequential_scan
 from zoo.tasks.regression import LinearRegressionTask, Readout
 from zoo.tasks.teacher import LSATeacherTask
 
@@ -44,7 +44,7 @@ def test_forward_equals_iterated_step_and_eq2(recurrence):
     torch.manual_seed(0)
     rnn = GatedLinearRNN(5, 5, READOUT, hidden=12, gates=9, recurrence=recurrence).double()
     x = torch.randn(4, 20, 5, dtype=torch.float64)
-    full = rnn(x)
+    full = rnn(x, parallel=True) if recurrence == "diagonal" else rnn(x)
     state, outs = rnn.init_state(4), []
     for t in range(20):
         out, state = rnn.step(x[:, t], state)
@@ -60,6 +60,37 @@ def test_forward_equals_iterated_step_and_eq2(recurrence):
         y = ((h @ rnn.w_m_out.T) * (h @ rnn.w_x_out.T)) @ rnn.readout_matrix.T
         torch.testing.assert_close(full[:, -1], y, rtol=1e-10, atol=1e-10)
         assert ((lam >= 0) & (lam <= 1)).all()
+
+
+@pytest.mark.parametrize("recurrence", ["diagonal", "dense"])
+@pytest.mark.parametrize("readout", [Readout(position=-1, start=3, stop=5, sign=-1.0),
+                                     Readout(position=6, start=0, stop=2, sign=1.0)])
+def test_predict_computes_the_output_at_the_query_only(recurrence, readout):
+    """`predict` runs D g_out at the read-out position only: it must equal reading the full forward there."""
+    torch.manual_seed(1)
+    rnn = GatedLinearRNN(5, 5, readout, hidden=12, gates=9, recurrence=recurrence).double()
+    x = torch.randn(4, 11, 5, dtype=torch.float64)
+    expected = readout.sign * rnn(x)[:, readout.position, readout.start : readout.stop]
+    torch.testing.assert_close(rnn.predict(x), expected, rtol=1e-12, atol=1e-12)
+    assert rnn.predict(x).shape == (4, readout.stop - readout.start)
+
+
+@pytest.mark.parametrize("T", [2, 16, 17, 40])
+@pytest.mark.parametrize("width", [3, 2**15])
+def test_scan_picks_a_form_and_both_give_the_recurrence(T, width):
+    """`scan` goes sequential for short or wide inputs and parallel otherwise: either way, h_t = a_t h_{t-1} + b_t
+    from h_0 (written out here step by step), with complex pairs too."""
+    g = torch.Generator().manual_seed(T)
+    a = torch.rand(1, T, width, 2, generator=g, dtype=torch.float64) * 0.9
+    b = torch.randn(1, T, width, 2, generator=g, dtype=torch.float64)
+    h0 = torch.randn(1, width, 2, generator=g, dtype=torch.float64)
+    h, expected = h0, []
+    for t in range(T):
+        re = a[:, t, :, 0] * h[..., 0] - a[:, t, :, 1] * h[..., 1]
+        im = a[:, t, :, 0] * h[..., 1] + a[:, t, :, 1] * h[..., 0]
+        h = torch.stack([re, im], -1) + b[:, t]
+        expected.append(h)
+    torch.testing.assert_close(scan(a, b, complex_pairs=True, h0=h0), torch.stack(expected, 1), rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("compact", [False, True])

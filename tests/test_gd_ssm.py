@@ -91,7 +91,7 @@ def test_forward_equals_iterated_step(window, n_layers, layout, nonlinear):
     if nonlinear:
         torch.nn.init.normal_(model.mlp.outer.weight)
     tokens = task.sample(3, seed=1, dtype=torch.float64).tokens
-    full = model(tokens)
+    full = model(tokens, parallel=True)
     torch.testing.assert_close(model(tokens, parallel=False), full, rtol=0, atol=1e-12)
     state, outs = model.init_state(3), []
     for t in range(tokens.shape[1]):

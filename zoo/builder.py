@@ -38,9 +38,11 @@ def build(
     seed: int | None = None,
     overrides: dict | None = None,
     progress: bool = True,
+    compiled: bool = False,
 ) -> Checkpoint:
     """Construct or train the entry `name` (or an Entry), evaluate it on its frozen test split,
-    save it to `out`. `overrides` replaces dotted fields first ({"arch.hidden": 16})."""
+    save it to `out`. `overrides` replaces dotted fields first ({"arch.hidden": 16});
+    `compiled` trains through torch.compile (zoo.train.step_functions: same data, same losses to rounding)."""
     entry, spec, task, validation, test, hashes = _prepare(name, overrides)
     construction, history = None, []
 
@@ -60,11 +62,13 @@ def build(
         claim_run_dir(Path(out) / TRAIN_DIR, entry, spec, seed=seed, steps=steps or recipe.steps)
         result = train(
             model, task, recipe, run_dir=Path(out) / TRAIN_DIR, validation_batch=validation.batch(task),
-            steps=steps, seed=seed, device=dev, progress=progress,
+            steps=steps, seed=seed, device=dev, progress=progress, compiled=compiled,
         )
         history = result.history
         model.cpu()
         prov = provenance(seed=seed, steps=result.steps, device=str(dev), dataset_hashes=hashes)
+        if compiled:
+            prov["compiled"] = True
 
     return _evaluate_and_save(entry, spec, model, prov, construction, history, out, validation, test)
 

@@ -48,7 +48,8 @@ def cmd_build(args) -> int:
     import zoo
 
     out = Path(args.out or Path("checkpoints") / args.name)
-    ckpt = zoo.build(args.name, out, steps=args.steps, device=args.device, seed=args.seed, progress=not args.quiet)
+    ckpt = zoo.build(args.name, out, steps=args.steps, device=args.device, seed=args.seed, progress=not args.quiet,
+                     compiled=args.compile)
     print(f"built {args.name} → {out}")
     _print_json(ckpt.metrics)
     return 0
@@ -292,7 +293,8 @@ def cmd_release(args) -> int:
     if args.release_command == "build":
         started = __import__("time").perf_counter()
         index = release.build_release(root, only=args.only, time_budget=args.time_budget, device=args.device,
-                                      workers=args.workers, threads=args.threads, force=args.force)
+                                      workers=args.workers, threads=args.threads, force=args.force,
+                                      compiled=not args.no_compile)
         print(f"release {index['version']}: {len(index['entries'])} entries in {root} "
               f"({__import__('time').perf_counter() - started:.0f} s); index: {root / release.INDEX_MD}")
         if args.archive:
@@ -302,7 +304,7 @@ def cmd_release(args) -> int:
         index = release.refresh_release(root, only=args.only, graphs=args.graphs)
         print(f"re-rendered cards and index of {len(index['entries'])} released entries in {root}")
     elif args.release_command == "plan":
-        release.print_plan(device=args.device, only=args.only, threads=args.threads)
+        release.print_plan(device=args.device, only=args.only, threads=args.threads, compiled=not args.no_compile)
     elif args.release_command == "archive":
         path = release.write_archive(root, Path(args.out))
         print(f"archive {path}: {path.stat().st_size / 2**20:.2f} MiB")
@@ -396,6 +398,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--device", help="cpu, cuda, cuda:1 … (default: cuda if available)")
     s.add_argument("--seed", type=int)
     s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--compile", action="store_true",
+                   help="train through torch.compile: ~10–60 s to compile, then 1.5–6× the steps/s on a CPU "
+                        "(benchmarks/train_throughput.py); same data and losses to rounding")
     s.set_defaults(fn=cmd_build)
 
     s = sub.add_parser("eval", help="score a checkpoint (folder or Hub repo) on its frozen test split")
@@ -468,6 +473,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--workers", type=int, default=1, help="entries built at once in separate processes")
     s.add_argument("--threads", type=int, help="torch threads per worker (1 on a CPU with --workers = cores)")
     s.add_argument("--force", action="store_true", help="rebuild entries that are already current")
+    s.add_argument("--no-compile", action="store_true", help="train eagerly (default: through torch.compile, "
+                   "except entries that run as CUDA-graph ensembles)")
     s.add_argument("--archive", metavar="TAR_GZ", help="also write the release as one archive")
     s.add_argument("--root", help="release folder (default: the shipped release/)")
     s.set_defaults(fn=cmd_release)
@@ -480,6 +487,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--only", nargs="+", metavar="ENTRY")
     s.add_argument("--device")
     s.add_argument("--threads", type=int)
+    s.add_argument("--no-compile", action="store_true", help="measure eager training only (no compiled column)")
     s.add_argument("--root")
     s.set_defaults(fn=cmd_release)
     s = rel_sub.add_parser("archive", help="write the release as one .tar.gz")

@@ -156,41 +156,43 @@ def resolve(path_or_repo: str | Path, *, revision: str | None = None, endpoint: 
 
 
 # ---------------------------------------------------------------- build
-def measure_rate(name: str, device: str, steps: int = PROBE_STEPS) -> float:
-    """Training steps per second of entry `name` at its recipe's batch on `device` (a short timed run)."""
+def measure_rate(name: str, device: str, steps: int = PROBE_STEPS, *, compiled: bool = False) -> float:
+    """Training steps per second of entry `name` at its recipe's batch on `device`: a short run that
+    `train` times after its warm-up steps (with `compiled`, after the compilation)."""
     import torch
 
     from zoo.builder import _prepare
     from zoo.models import create_model
-    from zoo.train import train
+    from zoo.train import WARMUP_STEPS, train
 
     entry, _, task, validation, _, _ = _prepare(name, None)
     torch.manual_seed(0)
     model = create_model(entry.arch, task)
     recipe = entry.source.model_copy(update={"eval_every": 10**9, "checkpoint_every": 10**9})
     with tempfile.TemporaryDirectory() as tmp:
-        train(model, task, recipe, run_dir=Path(tmp), steps=3, device=device, progress=False)  # warm-up
-        start = time.perf_counter()
-        train(model, task, recipe, run_dir=Path(tmp) / "timed", steps=steps, device=device, progress=False)
-        return steps / (time.perf_counter() - start)
+        result = train(model, task, recipe, run_dir=Path(tmp), steps=WARMUP_STEPS + steps, device=device,
+                       progress=False, compiled=compiled)
+    return result.steps_per_second
 
 
-def run_length(name: str, device: str, time_budget: float | None) -> tuple[int, float | None]:
+def run_length(name: str, device: str, time_budget: float | None, compiled: bool = False) -> tuple[int, float | None]:
     """(steps, measured steps/s): the recipe's steps, or fewer when they do not fit `time_budget` seconds."""
     recipe_steps = get_entry(name).source.steps
     if time_budget is None:
         return recipe_steps, None
-    rate = measure_rate(name, device)
+    rate = measure_rate(name, device, compiled=compiled)
     affordable = max(MIN_STEPS, int(time_budget * rate) // 100 * 100)
     return min(recipe_steps, affordable), rate
 
 
 def build_entry(name: str, root: Path, *, time_budget: float | None, device: str | None, threads: int | None,
-                force: bool = False, progress: bool = False) -> dict:
-    """Build entry `name` into `root/<name>` and return its index row (also run in worker processes)."""
+                force: bool = False, progress: bool = False, compiled: bool = True) -> dict:
+    """Build entry `name` into `root/<name>` and return its index row (also run in worker processes).
+    A trained entry that does not run as a CUDA-graph ensemble trains compiled (`compiled`)."""
     import torch
 
     from zoo.builder import build, build_ensemble
+    from zoo.models import create_model
     from zoo.train import default_device, on_cuda
 
     if threads:
@@ -201,7 +203,9 @@ def build_entry(name: str, root: Path, *, time_budget: float | None, device: str
     started = time.perf_counter()
     steps, rate = None, None
     if entry.source.kind == "trained":
-        steps, rate = run_length(name, device, time_budget)
+        graphed = on_cuda(device) and getattr(
+            create_model(entry.arch, get_task_spec(entry.task).build()), "vmappable", True)  # one CUDA-graph replay per step
+        steps, rate = run_length(name, device, time_budget, compiled=compiled and not graphed)
         marker = work / "run.json"  # a resumed build continues the same run length, for the same definition
         previous = json.loads(marker.read_text()) if marker.is_file() else None
         if previous is not None and (force or previous.get("fingerprint") != entry_fingerprint(name)):
@@ -210,14 +214,11 @@ def build_entry(name: str, root: Path, *, time_budget: float | None, device: str
             steps = previous["steps"]
         work.mkdir(parents=True, exist_ok=True)
         marker.write_text(json.dumps({"steps": steps, "fingerprint": entry_fingerprint(name)}))
-        from zoo.models import create_model
-
-        vmappable = getattr(create_model(entry.arch, get_task_spec(entry.task).build()), "vmappable", True)
-        if on_cuda(device) and vmappable:  # one CUDA-graph replay per step (zoo/ensemble.py)
+        if graphed:  # zoo/ensemble.py
             build_ensemble(name, [entry.source.seed], [work / "ckpt"], run_dir=work / "ensemble", steps=steps,
                            device=device, progress=progress)
         else:
-            build(name, work / "ckpt", steps=steps, device=device, progress=progress)
+            build(name, work / "ckpt", steps=steps, device=device, progress=progress, compiled=compiled)
     else:
         build(name, work / "ckpt", progress=progress)
     seconds = time.perf_counter() - started
@@ -307,7 +308,7 @@ def shortfall_note(row: dict) -> str:
 
 def build_release(root: Path | None = None, *, only: list[str] | None = None, time_budget: float | None = None,
                   device: str | None = None, workers: int = 1, threads: int | None = None, force: bool = False,
-                  progress: bool = True) -> dict:
+                  progress: bool = True, compiled: bool = True) -> dict:
     """Build every registry entry (or `only`) into `root`; skip those already released with the same
     definition (resumable), rebuild those whose entry or task changed. Returns the index."""
     root = Path(root or release_dir())
@@ -333,7 +334,7 @@ def build_release(root: Path | None = None, *, only: list[str] | None = None, ti
     # Trained entries first: they are the long ones, so parallel workers end together.
     todo.sort(key=lambda n: (registry.entries[n].source.kind != "trained", n))
     started = time.perf_counter()
-    kwargs = {"time_budget": time_budget, "device": device, "threads": threads, "force": force}
+    kwargs = {"time_budget": time_budget, "device": device, "threads": threads, "force": force, "compiled": compiled}
 
     def finished(name: str, row: dict) -> None:
         rows[name] = row
@@ -612,8 +613,10 @@ def refresh_release(root: Path | None = None, *, only: list[str] | None = None, 
     return index
 
 
-def print_plan(*, device: str | None = None, only: list[str] | None = None, threads: int | None = None) -> list[dict]:
-    """Measure each trained entry's steps/s here and print its recipe-length cost and the total."""
+def print_plan(*, device: str | None = None, only: list[str] | None = None, threads: int | None = None,
+               compiled: bool = True) -> list[dict]:
+    """Measure each trained entry's steps/s here, eager and (with `compiled`) compiled, and print its
+    recipe-length cost each way and the whole zoo's total: what `zoo release build` can afford."""
     import torch
 
     from zoo.train import default_device
@@ -622,14 +625,26 @@ def print_plan(*, device: str | None = None, only: list[str] | None = None, thre
         torch.set_num_threads(threads)
     device = device or str(default_device())
     names = only or [e.name for e in zoo.list_entries(source="trained")]
-    rows, total = [], 0.0
-    print(f"{'entry':34} {'recipe steps':>12} {'steps/s':>9} {'cost at recipe length':>22}   ({device}, {torch.get_num_threads()} threads)")
+    rows, totals = [], {"eager": 0.0, "compiled": 0.0}
+    print(f"({device}, {torch.get_num_threads()} threads; recipe-length cost in hours)")
+    print(f"{'entry':34} {'recipe steps':>12} {'eager steps/s':>14} {'eager h':>8}"
+          + (f" {'compiled steps/s':>17} {'compiled h':>11} {'×':>6}" if compiled else ""))
     for name in names:
-        rate = measure_rate(name, device)
         steps = get_entry(name).source.steps
-        seconds = steps / rate
-        total += seconds
-        rows.append({"entry": name, "recipe_steps": steps, "steps_per_second": rate, "seconds": seconds})
-        print(f"{name:34} {steps:>12,} {rate:>9.1f} {seconds / 3600:>20.2f} h", flush=True)
-    print(f"{'whole zoo (trained entries, one after another)':60} {total / 3600:>9.2f} h")
+        row = {"entry": name, "recipe_steps": steps, "eager_steps_per_second": measure_rate(name, device)}
+        row["eager_seconds"] = steps / row["eager_steps_per_second"]
+        totals["eager"] += row["eager_seconds"]
+        line = f"{name:34} {steps:>12,} {row['eager_steps_per_second']:>14.1f} {row['eager_seconds'] / 3600:>8.2f}"
+        if compiled:
+            row["compiled_steps_per_second"] = measure_rate(name, device, compiled=True)
+            row["compiled_seconds"] = steps / row["compiled_steps_per_second"]
+            totals["compiled"] += row["compiled_seconds"]
+            line += (f" {row['compiled_steps_per_second']:>17.1f} {row['compiled_seconds'] / 3600:>11.2f}"
+                     f" {row['compiled_steps_per_second'] / row['eager_steps_per_second']:>6.2f}")
+        rows.append(row)
+        print(line, flush=True)
+    summary = f"{'whole zoo (trained entries, one after another)':61} {totals['eager'] / 3600:>8.2f}"
+    if compiled:
+        summary += f" {'':>17} {totals['compiled'] / 3600:>11.2f} {totals['eager'] / totals['compiled']:>6.2f}"
+    print(summary)
     return rows

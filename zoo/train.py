@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 STATE_FILE = "train_state.safetensors"
+WARMUP_STEPS = 3  # steps of a call left out of its measured rate: the first compiles (compiled=True) or allocates
 META_FILE = "train_state.json"
 
 
@@ -31,6 +33,7 @@ class TrainResult:
     steps: int
     history: list[dict] = field(default_factory=list)  # {"step", "train_loss", "val_loss"?}
     resumed_from: int = 0
+    steps_per_second: float | None = None  # measured after the first WARMUP_STEPS of this call (compilation, allocation)
 
 
 def default_device() -> torch.device:
@@ -54,7 +57,7 @@ def lr_factor(step: int, recipe, total_steps: int) -> float:
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def make_optimizer(model: torch.nn.Module, recipe, *, capturable: bool = False) -> torch.optim.Optimizer:
+def make_optimizer(model: torch.nn.Module, recipe, *, capturable: bool = False, tensor_lr: bool = False) -> torch.optim.Optimizer:
     """AdamW; parameters a model lists in `no_weight_decay()` (recurrent λ's ν) are not decayed,
     and with `recipe.recurrent_lr` those in `recurrent_parameter_names()` get that peak lr.
 
@@ -63,7 +66,9 @@ def make_optimizer(model: torch.nn.Module, recipe, *, capturable: bool = False) 
     instead of lr·λ·w (Zucchet Table 2's residual terms; reports/zucchet-2023/table-2.md).
 
     `capturable=True` (for CUDA graphs) keeps AdamW's step counters on the device and makes
-    each group's lr a 0-d device tensor that a captured step can rewrite in place."""
+    each group's lr a 0-d device tensor that a captured step can rewrite in place.
+    `tensor_lr=True` (for a compiled update) makes each group's lr a 0-d tensor too, so the
+    schedule rewrites it in place instead of handing the compiled step a new constant (a recompile)."""
     exempt = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
     frozen = getattr(recipe, "frozen", lambda name: False)
     for name, p in model.named_parameters():
@@ -82,6 +87,10 @@ def make_optimizer(model: torch.nn.Module, recipe, *, capturable: bool = False) 
         for (no_decay, is_recurrent), params in sorted(groups.items())
     ]
     optimizer = torch.optim.Adam if getattr(recipe, "optimizer", "adamw") == "adam_l2" else torch.optim.AdamW
+    if tensor_lr and not capturable:
+        for group in param_groups:
+            group["lr"] = torch.tensor(float(group["lr"]))
+        return optimizer(param_groups, lr=torch.tensor(recipe.lr), betas=tuple(recipe.betas), weight_decay=recipe.weight_decay)
     if capturable:
         device = next(model.parameters()).device
         for group in param_groups:
@@ -153,6 +162,32 @@ def _params_finite(model) -> bool:
                for p in model.parameters())
 
 
+# ---------------------------------------------------------------- the step
+def step_functions(model, task, recipe, opt, *, compiled: bool = False):
+    """(loss_of(tokens, targets) -> loss, update()): one training step is `loss_of`, a finiteness
+    check, `backward`, then `update` (gradient clipping and the optimiser step).
+
+    `compiled=True` runs both through `torch.compile` (inductor: on a CPU, generated C++ loops
+    that fuse the elementwise work of forward, backward and AdamW; the optimiser needs
+    `make_optimizer(tensor_lr=True)`). Sampling stays eager: it draws from an explicit
+    generator, so a compiled run sees exactly the eager run's data, and its losses equal the
+    eager ones to rounding (tests/test_train.py). Compiling costs ~10–60 s once per run, so it
+    pays on long runs only: `zoo build --compile`, and `zoo release build` (default there)."""
+
+    def loss_of(tokens, targets):
+        return task.loss(model.predict(tokens), targets)
+
+    def update():
+        if recipe.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+        opt.step()
+
+    if not compiled:
+        return loss_of, update
+    torch.compiler.reset()  # a fresh cache per run: guards on the old model would pile up to the recompile limit
+    return torch.compile(loss_of, dynamic=False), torch.compile(update, dynamic=False)
+
+
 # ---------------------------------------------------------------- loop
 def train(
     model,
@@ -165,12 +200,15 @@ def train(
     seed: int | None = None,
     device: torch.device | str | None = None,
     progress: bool = True,
+    compiled: bool = False,
 ) -> TrainResult:
+    """Train `model` on fresh batches of `task` with `recipe` (resuming from `run_dir` if it holds
+    a state); `compiled=True` runs the step through torch.compile (see `step_functions`)."""
     device = torch.device(device) if device else default_device()
     total = steps or recipe.steps
     seed = recipe.seed if seed is None else seed
     model.to(device)
-    opt = make_optimizer(model, recipe)
+    opt = make_optimizer(model, recipe, tensor_lr=compiled)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, recipe, total))
     generator = torch.Generator(device=device).manual_seed(seed)
     run_dir = Path(run_dir)
@@ -184,13 +222,16 @@ def train(
     if validation_batch is not None:
         val = (validation_batch.tokens.to(device), validation_batch.targets.to(device))
 
+    loss_of, update = step_functions(model, task, recipe, opt, compiled=compiled)
     bar = tqdm(total=total, initial=start, disable=not progress, desc="train", unit="step", dynamic_ncols=True)
     running, count = 0.0, 0
-    step = start
+    step, clock = start, None
     try:
         for step in range(start, total):
+            if step == start + WARMUP_STEPS:
+                clock = time.perf_counter()
             batch = task.sample(recipe.batch_size, generator=generator)
-            loss = task.loss(model.predict(batch.tokens), batch.targets)
+            loss = loss_of(batch.tokens, batch.targets)
             if not torch.isfinite(loss):
                 raise TrainingDiverged(
                     f"loss is {loss.item()} at step {step}; stopped. The last good training state "
@@ -198,15 +239,13 @@ def train(
                 )
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            if recipe.grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
-            opt.step()
+            update()
             sched.step()
             running += loss.item()
             count += 1
             done = step + 1
             if done % recipe.eval_every == 0 or done == total:
-                record = {"step": done, "train_loss": running / count, "lr": sched.get_last_lr()[0]}
+                record = {"step": done, "train_loss": running / count, "lr": float(sched.get_last_lr()[0])}
                 running, count = 0.0, 0
                 if val is not None:
                     with torch.no_grad():
@@ -226,7 +265,8 @@ def train(
     if not _params_finite(model):  # the loss of the last step was finite, its update was not
         raise TrainingDiverged(f"the weights are NaN/inf after the last step ({total}); the last good training state "
                                f"(step {last_saved_step(run_dir)}) is kept in {run_dir}")
-    return TrainResult(steps=total, history=history, resumed_from=resumed_from)
+    rate = (total - start - WARMUP_STEPS) / (time.perf_counter() - clock) if clock is not None else None
+    return TrainResult(steps=total, history=history, resumed_from=resumed_from, steps_per_second=rate)
 
 
 def last_saved_step(run_dir: Path) -> int | str:

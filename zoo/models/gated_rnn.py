@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from zoo.models.base import ZooModel
-from zoo.models.scan import parallel_scan, sequential_scan
+from zoo.models.scan import scan
 from zoo.tasks.regression import Readout
 
 
@@ -73,22 +73,31 @@ class GatedLinearRNN(ZooModel):
     def output(self, h: torch.Tensor) -> torch.Tensor:
         return ((h @ self.w_m_out.T) * (h @ self.w_x_out.T)) @ self.readout_matrix.T  # (..., d_out)
 
-    def forward(self, tokens: torch.Tensor, *, parallel: bool = True) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, *, parallel: bool | None = None) -> torch.Tensor:
         return self.forward_chunk(tokens, None, parallel=parallel)[0]
 
-    def forward_chunk(self, tokens: torch.Tensor, state: tuple[torch.Tensor, ...] | None, *, parallel: bool = True):
-        u = self.input_gate(tokens)  # (B, T, n)
-        h0 = None if state is None else state[0]  # (B, n)
-        if self.recurrence == "diagonal":
-            scan = parallel_scan if parallel else sequential_scan
-            h = scan(self.lam().to(u.dtype).expand_as(u), u, h0=h0)
-        else:
-            h, hs = (torch.zeros_like(u[:, 0]) if h0 is None else h0), []
-            for t in range(u.shape[1]):
-                h = h @ self.w_rec.T + u[:, t]
-                hs.append(h)
-            h = torch.stack(hs, dim=1)
+    def forward_chunk(self, tokens: torch.Tensor, state: tuple[torch.Tensor, ...] | None, *, parallel: bool | None = None):
+        h = self.hidden_states(tokens, None if state is None else state[0], parallel=parallel)  # (B, T, n)
         return self.output(h), (h[:, -1],)  # (B, T, d_out), ((B, n),)
+
+    def hidden_states(self, tokens: torch.Tensor, h0: torch.Tensor | None, *, parallel: bool | None = None) -> torch.Tensor:
+        """h_1 … h_T (B, T, n) from h_0 (B, n) (None: zeros)."""
+        u = self.input_gate(tokens)  # (B, T, n)
+        if self.recurrence == "diagonal":
+            return scan(self.lam().to(u.dtype).expand_as(u), u, h0=h0, parallel=parallel)
+        h, hs = (torch.zeros_like(u[:, 0]) if h0 is None else h0), []
+        for t in range(u.shape[1]):
+            h = h @ self.w_rec.T + u[:, t]
+            hs.append(h)
+        return torch.stack(hs, dim=1)
+
+    def predict(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The read-out. With one query position, D g_out runs at that position only: the other
+        outputs are never read, and g_out's two n × m products are most of the FLOPs."""
+        if self.readout.position is None:
+            return super().predict(tokens)
+        h = self.hidden_states(tokens, None)[:, self.readout.position]  # (B, n)
+        return self.readout.channels(self.output(h))  # (B, d_y)
 
     def instantaneous(self, x: torch.Tensor) -> torch.Tensor:
         """D g_out(g_in(x̃)): the output for a single token from a zero state."""

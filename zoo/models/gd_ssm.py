@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from zoo.models.base import ZooModel
-from zoo.models.scan import parallel_scan, sequential_scan, with_history
+from zoo.models.scan import scan, with_history
 from zoo.tasks.regression import Readout
 
 
@@ -160,11 +160,11 @@ class GDSSM(ZooModel):
         return torch.exp(-torch.exp(nu))
 
     # ------------------------------------------------------------------ sequence form
-    def forward(self, tokens: torch.Tensor, *, parallel: bool = True) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, *, parallel: bool | None = None) -> torch.Tensor:
         return self.forward_chunk(tokens, None, parallel=parallel)[0]
 
-    def forward_chunk(self, tokens: torch.Tensor, state: tuple[torch.Tensor, ...] | None, *, parallel: bool = True):
-        scan = parallel_scan if parallel else sequential_scan
+    def forward_chunk(self, tokens: torch.Tensor, state: tuple[torch.Tensor, ...] | None, *, parallel: bool | None = None):
+        """`parallel`: force the parallel (True) or sequential (False) scan; None: `scan` picks."""
         state = list(state) if state is not None else None
         history = state.pop(0) if state is not None and self.window > 1 else None
         c, history = self.windows(tokens, history)  # (B, T, w f + 1), (B, w − 1, f)
@@ -172,7 +172,7 @@ class GDSSM(ZooModel):
 
         def run(nu, u):  # Z_t from the stored Z_0 (or zeros): (B, T, m, n)
             z0 = state.pop(0).flatten(1) if state is not None else None
-            z = scan(self._lam(nu).to(u.dtype).flatten(), u.flatten(2), h0=z0).view_as(u)
+            z = scan(self._lam(nu).to(u.dtype).flatten(), u.flatten(2), h0=z0, parallel=parallel).view_as(u)
             new_state.append(z[:, -1])
             return z
 

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.models.scan import parallel_scan, with_history
+from zoo.models.scan import scan, with_history
 from zoo.models.stack import RecurrentBlock
 
 RG_LRU_C = 8.0
@@ -62,7 +62,7 @@ class GriffinRecurrentBlock(RecurrentBlock):
         u, conv_in = with_history(conv_in, self.w_u(x))  # (B, k − 1 + T, e): the conv's inputs, earlier ones first
         u = self.conv(u.transpose(1, 2)).transpose(1, 2)  # (B, T, e)
         a, b = self._recurrence_terms(u)
-        h = parallel_scan(a, b, h0=h0)  # (B, T, e)
+        h = scan(a, b, h0=h0)  # (B, T, e)
         return self.w_o(g * h), (conv_in, h[:, -1])
 
     def state_shapes(self):

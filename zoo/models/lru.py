@@ -30,7 +30,7 @@ import math
 import torch
 from torch import nn
 
-from zoo.models.scan import complex_mul, parallel_scan
+from zoo.models.scan import complex_mul, scan
 from zoo.models.stack import RecurrentBlock
 
 LRU_VARIANTS = ("out", "in_out", "in_skip")
@@ -71,7 +71,7 @@ class DiagonalComplexBlock(RecurrentBlock):
     def forward_chunk(self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None):
         u = self.mix_input(x)  # (B, T, w)
         h0 = None if state is None else state[0]  # (B, n, 2)
-        h = parallel_scan(self.lam(), self.drive(u), complex_pairs=True, h0=h0)  # (B, T, n, 2)
+        h = scan(self.lam(), self.drive(u), complex_pairs=True, h0=h0)  # (B, T, n, 2)
         return self.mix_output(_real_part_of_product(self.c, h) + self.d * u, x), (h[:, -1],)
 
     def state_shapes(self):

@@ -10,8 +10,9 @@ Per time step, with block input x_t ∈ R^w, expanded width e and state size N:
     y_t          = h_t C_t + D ⊙ u_t
     out_t        = W_out (y_t ⊙ SiLU(z_t))
 
-`forward` runs the recurrence with the parallel scan (input-dependent a_t = exp(Δ_t A)) or,
-with `parallel=False`, the sequential one; `step` keeps the last k−1 conv inputs and h.
+`forward` runs the recurrence (input-dependent a_t = exp(Δ_t A)) with the scan `scan` picks
+(sequential at the zoo's short prompts: the e·N-wide state makes each doubling pass costly)
+or the one `parallel` forces; `step` keeps the last k−1 conv inputs and h.
 
 Glossary: `in_proj` = W_in, `conv` = conv_k, `x_proj` = W_x, `dt_proj` = (W_dt, b_dt),
 `a_log` = A_log, `d` = D, `out_proj` = W_out; e = `expand`·w, N = `state_size`, r = `dt_rank`.
@@ -25,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.models.scan import parallel_scan, sequential_scan, with_history
+from zoo.models.scan import scan, with_history
 from zoo.models.stack import RecurrentBlock
 
 
@@ -55,20 +56,19 @@ class MambaBlock(RecurrentBlock):
         bu = (dt * u).unsqueeze(-1) * b.unsqueeze(-2)  # (…, e, N)
         return a, bu, c
 
-    def forward(self, x: torch.Tensor, *, parallel: bool = True) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, parallel: bool | None = None) -> torch.Tensor:
         return self.forward_chunk(x, None, parallel=parallel)[0]
 
-    def forward_chunk(self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None, *, parallel: bool = True):
+    def forward_chunk(self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None, *, parallel: bool | None = None):
         B, T, _ = x.shape
         u, z = self.in_proj(x).chunk(2, dim=-1)  # (B, T, e)
         conv_in, h0 = state if state is not None else (u.new_zeros(B, self.kernel - 1, self.inner), None)
         u, conv_in = with_history(conv_in, u)  # (B, k − 1 + T, e): the conv's inputs, earlier ones first
         u = F.silu(self.conv(u.transpose(1, 2)).transpose(1, 2))  # (B, T, e)
         a, bu, c = self._selective(u)
-        scan = parallel_scan if parallel else sequential_scan
         h0 = None if h0 is None else h0.flatten(1)
-        h = scan(a.flatten(2), bu.flatten(2), h0=h0).view(B, T, self.inner, self.state_size)  # (B, T, e, N)
-        y = (h @ c.unsqueeze(-1)).squeeze(-1) + self.d * u
+        h = scan(a.flatten(2), bu.flatten(2), h0=h0, parallel=parallel).view(B, T, self.inner, self.state_size)  # (B, T, e, N)
+        y = (h * c.unsqueeze(-2)).sum(-1) + self.d * u  # h_t C_t: (B, T, e); elementwise, so a compiled step fuses it
         return self.out_proj(y * F.silu(z)), (conv_in, h[:, -1])
 
     def state_shapes(self):

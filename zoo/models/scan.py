@@ -3,9 +3,15 @@
 The parallel form composes the affine maps (a, b)∘(a', b') = (a a', a' b + b') with
 Hillis–Steele doubling: ⌈log₂ T⌉ vectorised steps instead of T Python steps. After the
 doublings `a` holds the prefix products A_t = a_1 ⋯ a_t, so a start state enters as
-h_t = b_t + A_t ⊙ h_0 (what a streamed chunk needs). Both forms agree to rounding (tested);
-the diagonal RNN, GD-SSM, LRU, Mamba and Griffin families use the parallel one in `forward`
-and `forward_chunk`, and the sequential one is their `step`.
+h_t = b_t + A_t ⊙ h_0 (what a streamed chunk needs). Both forms agree to rounding (tested).
+
+The doublings cost ⌈log₂ T⌉ passes over all (B, T, …) elements, the sequential form one pass
+in T small steps. `scan` picks: the parallel form in exported graphs (their T is symbolic) and
+for long sequences; the sequential one for the zoo's short training prompts (T ≤ 16) and for
+wide states (Mamba's e·N channels), where the extra passes cost more than the Python steps
+(measured on the 2-core CPU: Mamba 1.7×/3× faster eager/compiled, LRU 1.8×, S5 1.5× eager;
+reports/engineering/train-throughput-cpu.md). The diagonal RNN, GD-SSM, LRU, Mamba and Griffin
+families call `scan` in `forward` and `forward_chunk`; their `step` is the sequential form.
 
 Complex recurrences (LRU, S5) pass `complex_pairs=True`: the last axis of a and b holds
 (real, imaginary), so nothing complex reaches an exported ONNX graph.
@@ -107,3 +113,16 @@ def parallel_scan(a: torch.Tensor, b: torch.Tensor, *, complex_pairs: bool = Fal
     if h0 is not None:  # a is now the prefix product A_t: h_t = b_t + A_t h_0
         b = b + mul(a, h0.unsqueeze(1))
     return b
+
+
+SHORT_SCAN_LEN = 16  # sequences up to this length scan step by step (outside exported graphs)
+WIDE_SCAN_NUMEL = 2**15  # ... and so do states of at least this many elements per time step (B × channels)
+
+
+def scan(a: torch.Tensor, b: torch.Tensor, *, complex_pairs: bool = False, h0: torch.Tensor | None = None,
+         parallel: bool | None = None) -> torch.Tensor:
+    """h_t = a_t ⊙ h_{t−1} + b_t by the cheaper form (module docstring); `parallel` forces one."""
+    if parallel is None:
+        T, per_step = b.shape[1], b[:, 0].numel()
+        parallel = torch.compiler.is_exporting() or (T > SHORT_SCAN_LEN and per_step < WIDE_SCAN_NUMEL)
+    return (parallel_scan if parallel else sequential_scan)(a, b, complex_pairs=complex_pairs, h0=h0)

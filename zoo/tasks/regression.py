@@ -59,12 +59,16 @@ class Readout:
 
     def __call__(self, out: torch.Tensor) -> torch.Tensor:
         if self.position is None:
-            return self.sign * out[..., self.start : self.stop]  # (B, T, d_y)
+            return self.channels(out)  # (B, T, d_y)
         return self.query(out)
 
     def query(self, out: torch.Tensor) -> torch.Tensor:
         """The prediction for the query (B, d_y): at `position`, or the last one when every position predicts."""
-        return self.sign * out[:, -1 if self.position is None else self.position, self.start : self.stop]
+        return self.channels(out[:, -1 if self.position is None else self.position])
+
+    def channels(self, out: torch.Tensor) -> torch.Tensor:
+        """The prediction held in outputs (…, d_out) already taken at the read-out positions: (…, d_y)."""
+        return self.sign * out[..., self.start : self.stop]
 
 
 @dataclass
