@@ -12,11 +12,12 @@ Each family is measured on one trained registry entry (the first of its arch typ
                clipped AdamW update; `zoo release build` trains this way)
     ens E      `zoo.ensemble.train_ensemble` with E members, per-member data streams (vmap)
     ens E sh   the same with one shared sampling call per step (data="shared")
+    ens E c    (and "sh c") the same, compiled
     ens E cg   per-member streams, the whole step replayed as one CUDA graph (CUDA only)
 
-model-steps/s = E × optimiser steps per second. `train` times itself after its first few
-steps (compilation and allocation left out); ensembles are timed as the difference between
-a run of n and of 3n steps. The hardware floor is FLOPs of one model-step (torch's
+model-steps/s = E × optimiser steps per second. `train` and `train_ensemble` time
+themselves after their first few steps (compilation, graph capture and allocation left
+out). The hardware floor is FLOPs of one model-step (torch's
 FlopCounterMode, forward + backward) against the device's measured matmul peak, or the bytes
 the AdamW update moves against the measured copy bandwidth, whichever bounds first; "% of
 floor" says how close a configuration gets. Families whose fused kernels have no vmap rule
@@ -52,11 +53,6 @@ def timed(fn, device) -> float:
     return time.perf_counter() - start
 
 
-def steps_per_second(run, steps: int, device) -> float:
-    run(max(5, steps // 10))  # warm-up (allocations, kernel selection)
-    return 2 * steps / (timed(lambda: run(3 * steps), device) - timed(lambda: run(steps), device))
-
-
 def measured_peaks(device) -> tuple[float, float]:
     """(matmul FLOP/s, copy bytes/s) of this device, measured now."""
     n = 2048 if device.type == "cuda" else 1024
@@ -72,10 +68,20 @@ def measured_peaks(device) -> tuple[float, float]:
 
 
 def flops_per_model_step(model, task, batch: int, device) -> float:
+    """Forward + backward FLOPs of one step, counted by torch; LSTM layers, whose fused kernels (oneDNN,
+    cuDNN) it does not count, are added by hand: 4 gates × h × (in + h) multiply-adds per token and
+    direction, × 3 for the backward."""
     b = task.sample(batch, seed=0, device=device)
     with FlopCounterMode(display=False) as counter:
         task.loss(model.predict(b.tokens), b.targets).backward()
-    return float(counter.get_total_flops())
+    total = float(counter.get_total_flops())
+    tokens = b.tokens.shape[0] * b.tokens.shape[1]
+    for lstm in (m for m in model.modules() if isinstance(m, torch.nn.LSTM)):
+        directions = 2 if lstm.bidirectional else 1
+        for layer in range(lstm.num_layers):
+            fan_in = lstm.input_size if layer == 0 else lstm.hidden_size * directions
+            total += 3 * 2 * 4 * lstm.hidden_size * (fan_in + lstm.hidden_size) * tokens * directions
+    return total
 
 
 def family_entries(families: list[str] | None) -> dict[str, str]:
@@ -129,22 +135,21 @@ def bench_entry(label: str, entry_name: str, args, device, peak_flops: float, pe
         row("compiled", solo(True), 1, base, floor)
     if not getattr(model, "vmappable", True):
         return
-    variants = [("per_member", False, ""), ("shared", False, " sh")]
+    variants = [("per_member", False, False, ""), ("shared", False, False, " sh")]
+    if not args.no_compile:
+        variants += [("per_member", False, True, " c"), ("shared", False, True, " sh c")]
     if device.type == "cuda":
-        variants.append(("per_member", True, " cg"))
+        variants.append(("per_member", True, False, " cg"))
     for members in args.members:
-        for data, graph, suffix in variants:
+        for data, graph, compiled, suffix in variants:
             if data == "shared" and members == 1:
                 continue
-
-            def ensemble(n, members=members, data=data, graph=graph):
-                train_ensemble(make, task, recipe, list(range(members)), run_dir=f"{tmp}/ens-{members}-{data}-{graph}-{n}",
-                               steps=n, device=device, data=data, cuda_graph=graph, progress=False)
-
-            # graph replays are cheap: give them more steps so the difference is well above timer noise
+            # graph replays are cheap: give them more steps so the rate is well above timer noise
             n = args.steps * (5 if graph else 1) // (1 if device.type == "cuda" else max(1, members // 8))
-            rate = steps_per_second(ensemble, max(5, n), device)
-            row(f"ens {members}{suffix}", rate, members, base, floor)
+            result = train_ensemble(make, task, recipe, list(range(members)), run_dir=f"{tmp}/ens-{members}{suffix}",
+                                    steps=max(20, n), device=device, data=data, cuda_graph=graph, compiled=compiled,
+                                    progress=False)
+            row(f"ens {members}{suffix}", result.steps_per_second, members, base, floor)
 
 
 def main() -> None:

@@ -159,9 +159,11 @@ def build_ensemble(
     device: str | None = None,
     overrides: dict | None = None,
     progress: bool = True,
+    compiled: bool = False,
 ) -> list[Checkpoint]:
     """Train one member per seed in one batched computation (zoo/ensemble.py), then evaluate
-    and save each as an ordinary checkpoint in `outs[i]`; `run_dir` holds the resumable state."""
+    and save each as an ordinary checkpoint in `outs[i]`; `run_dir` holds the resumable state.
+    `compiled`: torch.compile the step where it is not replayed as a CUDA graph already."""
     from zoo.ensemble import train_ensemble
 
     entry, spec, task, validation, test, hashes = _prepare(name, overrides)
@@ -178,7 +180,8 @@ def build_ensemble(
 
     claim_run_dir(Path(run_dir), entry, spec, seed=seeds[0], steps=steps or entry.source.steps, members=list(seeds))
     result = train_ensemble(make_member, task, entry.source, seeds, run_dir=Path(run_dir),
-                            validation_batch=validation.batch(task), steps=steps, device=dev, progress=progress)
+                            validation_batch=validation.batch(task), steps=steps, device=dev, progress=progress,
+                            compiled=compiled and dev.type != "cuda")
     construction = constructions[0] if constructions else None
     ckpts = []
     for i, (seed, model, out) in enumerate(zip(seeds, result.models, outs)):
@@ -186,6 +189,8 @@ def build_ensemble(
                     **({"val_loss": r["val_loss"][i]} if "val_loss" in r else {})} for r in result.history]
         prov = provenance(seed=seed, steps=result.steps, device=str(dev), dataset_hashes=hashes)
         prov["ensemble"] = {"members": len(seeds), "seeds": list(seeds)}
+        if compiled and dev.type != "cuda":
+            prov["compiled"] = True
         ckpts.append(_evaluate_and_save(entry, spec, model.cpu(), prov, construction, history, out, validation, test))
     return ckpts
 

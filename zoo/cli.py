@@ -343,6 +343,8 @@ def cmd_sweep(args) -> int:
     update = {"steps": args.steps} if args.steps else {}
     if args.ensemble:
         update["ensemble"] = True
+    if args.compile:
+        update["compiled"] = True
     if args.only:
         unknown = [e for e in args.only if e not in spec.entries]
         if unknown:
@@ -536,6 +538,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override an entry field in every run, e.g. --set source.lr=3e-3 (repeatable)")
     s.add_argument("--ensemble", action="store_true", help="train each entry's seeds as one batched ensemble")
+    s.add_argument("--compile", action="store_true", help="train through torch.compile (long runs on a CPU)")
     s.add_argument("--only", nargs="+", metavar="ENTRY", help="run only these of the spec's entries")
     s.add_argument("--seeds", nargs="+", type=int, help="replace the spec's seeds")
     s.add_argument("--quiet", action="store_true")

@@ -10,6 +10,9 @@ the rounding of batched kernels differs (tested to tolerance on CPU).
 `data="shared"` instead draws one batch of E × B tasks from a single generator (one sampling
 call per step: faster, but members no longer match their solo runs).
 
+`compiled=True` (CPU) runs the vmapped loss and its backward, and the AdamW update, through
+torch.compile, as `zoo.train.step_functions` does for one model.
+
 The run folder holds the same resumable safetensors state as `train` (the stacked weights,
 AdamW moments and every member's generator), so an interrupted ensemble resumes.
 
@@ -24,6 +27,7 @@ checkpoint boundary (the state saved before them is kept), not at the step they 
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +38,8 @@ from tqdm.auto import tqdm
 
 from zoo.train import (STATE_FILE, TrainingDiverged, last_saved_step, default_device, load_state, lr_factor, make_optimizer,
                         save_state)
+
+WARMUP_STEPS = 5  # steps left out of the measured rate: compilation, or a CUDA graph's 3 eager steps and its capture
 
 
 def _safe(name: str) -> str:
@@ -67,6 +73,7 @@ class EnsembleResult:
     models: list[nn.Module]
     steps: int
     history: list[dict] = field(default_factory=list)  # {"step", "train_loss": [E], "val_loss": [E]}
+    steps_per_second: float | None = None  # optimiser steps (of all E members at once) after the warm-up steps
 
 
 def init_members(make_model, seeds: list[int]) -> list[nn.Module]:
@@ -79,16 +86,19 @@ def init_members(make_model, seeds: list[int]) -> list[nn.Module]:
 
 def train_ensemble(make_model, task, recipe, seeds: list[int], *, run_dir: Path, validation_batch=None,
                    steps: int | None = None, device=None, data: str = "per_member", cuda_graph: bool | None = None,
-                   until: int | None = None, progress: bool = True) -> EnsembleResult:
+                   until: int | None = None, progress: bool = True, compiled: bool = False) -> EnsembleResult:
     """Train one member per seed; `make_model()` builds an untrained model (called after seeding).
 
     `steps`: the length of the run (and of its lr schedule); default the recipe's.
     `until`: stop after this step, saving the state (run again to continue the same schedule).
-    `cuda_graph`: replay the step as a CUDA graph (default: on for CUDA devices)."""
+    `cuda_graph`: replay the step as a CUDA graph (default: on for CUDA devices).
+    `compiled`: torch.compile the vmapped loss (forward + backward) and the update (not with a CUDA graph)."""
     if data not in ("per_member", "shared"):
         raise ValueError(f"data must be 'per_member' or 'shared', got {data!r}")
     device = torch.device(device) if device else default_device()
     graphed = device.type == "cuda" if cuda_graph is None else cuda_graph
+    if graphed and compiled:
+        raise ValueError("compiled=True is for eager launches; a CUDA-graph step is replayed whole already (cuda_graph=False)")
     if graphed and device.type != "cuda":
         raise ValueError(f"cuda_graph=True needs a CUDA device, got {device}")
     total = steps or recipe.steps
@@ -99,7 +109,7 @@ def train_ensemble(make_model, task, recipe, seeds: list[int], *, run_dir: Path,
     base = copy.deepcopy(members[0]).to("meta")
     params, buffers = stack_module_state(members)
     stacked = StackedParameters(members[0], params).to(device)
-    opt = make_optimizer(stacked, recipe, capturable=graphed)
+    opt = make_optimizer(stacked, recipe, capturable=graphed, tensor_lr=compiled)
     peak_lrs = [float(g["lr"]) for g in opt.param_groups]
     generators = [torch.Generator(device=device).manual_seed(s) for s in (seeds if data == "per_member" else seeds[:1])]
     run_dir = Path(run_dir)
@@ -111,6 +121,10 @@ def train_ensemble(make_model, task, recipe, seeds: list[int], *, run_dir: Path,
         return task.loss(base.readout(functional_call(base, (p, b), (tokens,))), targets)
 
     batched_loss = vmap(member_loss)
+    step_optimizer = opt.step
+    if compiled:
+        torch.compiler.reset()  # a fresh cache per run (see zoo.train.step_functions)
+        batched_loss, step_optimizer = torch.compile(batched_loss, dynamic=False), torch.compile(opt.step, dynamic=False)
     E, B = len(seeds), recipe.batch_size
     val = None
     if validation_batch is not None:
@@ -139,14 +153,18 @@ def train_ensemble(make_model, task, recipe, seeds: list[int], *, run_dir: Path,
                 bad = [seeds[i] for i in torch.nonzero(~torch.isfinite(losses)).flatten().tolist()]
                 raise TrainingDiverged(f"loss of member(s) with seed {bad} is not finite at step {step}; the last "
                                        f"good ensemble state (step {last_saved_step(run_dir)}) is kept in {run_dir}")
-            opt.step()
+            step_optimizer()
             sched.step()
 
     stop = total if until is None else min(until, total)
-    count, step = 0, start
+    count, step, clock = 0, start, None
     bar = tqdm(total=total, initial=start, disable=not progress, desc=f"train ×{E}", unit="step", dynamic_ncols=True)
     try:
         for step in range(start, stop):
+            if step == start + WARMUP_STEPS:
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                clock = time.perf_counter()
             advance(step)
             count += 1
             done = step + 1
@@ -175,7 +193,13 @@ def train_ensemble(make_model, task, recipe, seeds: list[int], *, run_dir: Path,
         raise KeyboardInterrupt(f"interrupted at step {step}; the ensemble state of step {last_saved_step(run_dir)} is in "
                                 f"{run_dir}: run the same command again to resume") from None
     bar.close()
-    return EnsembleResult(models=unstack(members[0], stacked, E), steps=max(start, stop), history=history)
+    rate = None
+    if clock is not None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        rate = (stop - start - WARMUP_STEPS) / (time.perf_counter() - clock)
+    return EnsembleResult(models=unstack(members[0], stacked, E), steps=max(start, stop), history=history,
+                          steps_per_second=rate)
 
 
 class _GraphedStep:
