@@ -203,9 +203,10 @@ def build_entry(name: str, root: Path, *, time_budget: float | None, device: str
     started = time.perf_counter()
     steps, rate = None, None
     if entry.source.kind == "trained":
-        graphed = on_cuda(device) and getattr(
-            create_model(entry.arch, get_task_spec(entry.task).build()), "vmappable", True)  # one CUDA-graph replay per step
-        steps, rate = run_length(name, device, time_budget, compiled=compiled and not graphed)
+        model = create_model(entry.arch, get_task_spec(entry.task).build())
+        graphed = on_cuda(device) and model.vmappable  # one CUDA-graph replay per step
+        compiled = compiled and not graphed and model.compile_pays
+        steps, rate = run_length(name, device, time_budget, compiled=compiled)
         marker = work / "run.json"  # a resumed build continues the same run length, for the same definition
         previous = json.loads(marker.read_text()) if marker.is_file() else None
         if previous is not None and (force or previous.get("fingerprint") != entry_fingerprint(name)):
@@ -615,10 +616,12 @@ def refresh_release(root: Path | None = None, *, only: list[str] | None = None, 
 
 def print_plan(*, device: str | None = None, only: list[str] | None = None, threads: int | None = None,
                compiled: bool = True) -> list[dict]:
-    """Measure each trained entry's steps/s here, eager and (with `compiled`) compiled, and print its
-    recipe-length cost each way and the whole zoo's total: what `zoo release build` can afford."""
+    """Measure each trained entry's steps/s here, eager and (with `compiled`) as `zoo release build`
+    trains it (compiled unless its model says compiling does not pay), and print its recipe-length
+    cost each way and the whole zoo's total: what the release build can afford."""
     import torch
 
+    from zoo.models import create_model
     from zoo.train import default_device
 
     if threads:
@@ -636,7 +639,10 @@ def print_plan(*, device: str | None = None, only: list[str] | None = None, thre
         totals["eager"] += row["eager_seconds"]
         line = f"{name:34} {steps:>12,} {row['eager_steps_per_second']:>14.1f} {row['eager_seconds'] / 3600:>8.2f}"
         if compiled:
-            row["compiled_steps_per_second"] = measure_rate(name, device, compiled=True)
+            entry = get_entry(name)
+            pays = create_model(entry.arch, get_task_spec(entry.task).build()).compile_pays
+            row["compiled_steps_per_second"] = (measure_rate(name, device, compiled=True) if pays
+                                                else row["eager_steps_per_second"])  # the build trains it eagerly
             row["compiled_seconds"] = steps / row["compiled_steps_per_second"]
             totals["compiled"] += row["compiled_seconds"]
             line += (f" {row['compiled_steps_per_second']:>17.1f} {row['compiled_seconds'] / 3600:>11.2f}"

@@ -28,6 +28,8 @@ class ZooModel(nn.Module):
     recurrent: bool = True  # constant-size state: init_state / step work
     dynamic_time: bool = True  # the sequence graph exports with a symbolic length (fused LSTM/GRU: no)
     chunk_len: int = 1024  # the longest chunk the exported chunk graph takes (its scans' doublings)
+    vmappable: bool = True  # torch.func.vmap runs it (ensembles); fused LSTM/GRU kernels have no batching rule
+    compile_pays: bool = True  # a torch.compile'd training step is faster (not so around fused LSTM/GRU kernels)
 
     def __init__(self, d_in: int, d_out: int, readout: Readout):
         super().__init__()

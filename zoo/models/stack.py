@@ -49,6 +49,7 @@ class SequenceStack(ZooModel):
         self.dynamic_time = all(block.dynamic_time for block in blocks)
         self.chunk_len = min(block.chunk_len for block in blocks)
         self.vmappable = all(getattr(block, "vmappable", True) for block in blocks)
+        self.compile_pays = all(getattr(block, "compile_pays", True) for block in blocks)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)  # (B, T, h)
