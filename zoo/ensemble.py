@@ -27,7 +27,6 @@ checkpoint boundary (the state saved before them is kept), not at the step they 
 from __future__ import annotations
 
 import copy
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,8 +35,8 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 from tqdm.auto import tqdm
 
-from zoo.train import (STATE_FILE, TrainingDiverged, last_saved_step, default_device, load_state, lr_factor, make_optimizer,
-                        save_state)
+from zoo.train import (STATE_FILE, StepClock, TrainingDiverged, last_saved_step, default_device, load_state, lr_factor,
+                        make_optimizer, save_state)
 
 WARMUP_STEPS = 5  # steps left out of the measured rate: compilation, or a CUDA graph's 3 eager steps and its capture
 
@@ -157,14 +156,11 @@ def train_ensemble(make_model, task, recipe, seeds: list[int], *, run_dir: Path,
             sched.step()
 
     stop = total if until is None else min(until, total)
-    count, step, clock = 0, start, None
+    count, step, clock = 0, start, StepClock(start, WARMUP_STEPS, device)
     bar = tqdm(total=total, initial=start, disable=not progress, desc=f"train ×{E}", unit="step", dynamic_ncols=True)
     try:
         for step in range(start, stop):
-            if step == start + WARMUP_STEPS:
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                clock = time.perf_counter()
+            clock.tick(step)
             advance(step)
             count += 1
             done = step + 1
@@ -193,13 +189,8 @@ def train_ensemble(make_model, task, recipe, seeds: list[int], *, run_dir: Path,
         raise KeyboardInterrupt(f"interrupted at step {step}; the ensemble state of step {last_saved_step(run_dir)} is in "
                                 f"{run_dir}: run the same command again to resume") from None
     bar.close()
-    rate = None
-    if clock is not None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        rate = (stop - start - WARMUP_STEPS) / (time.perf_counter() - clock)
     return EnsembleResult(models=unstack(members[0], stacked, E), steps=max(start, stop), history=history,
-                          steps_per_second=rate)
+                          steps_per_second=clock.rate(stop))
 
 
 class _GraphedStep:

@@ -87,17 +87,14 @@ def make_optimizer(model: torch.nn.Module, recipe, *, capturable: bool = False, 
         for (no_decay, is_recurrent), params in sorted(groups.items())
     ]
     optimizer = torch.optim.Adam if getattr(recipe, "optimizer", "adamw") == "adam_l2" else torch.optim.AdamW
-    if tensor_lr and not capturable:
-        for group in param_groups:
-            group["lr"] = torch.tensor(float(group["lr"]))
-        return optimizer(param_groups, lr=torch.tensor(recipe.lr), betas=tuple(recipe.betas), weight_decay=recipe.weight_decay)
-    if capturable:
-        device = next(model.parameters()).device
+    lr, options = recipe.lr, {}
+    if capturable or tensor_lr:
+        device = next(model.parameters()).device if capturable else None  # a compiled step reads a CPU scalar
         for group in param_groups:
             group["lr"] = torch.tensor(float(group["lr"]), device=device)
-        return optimizer(param_groups, lr=torch.tensor(recipe.lr, device=device), betas=tuple(recipe.betas),
-                         weight_decay=recipe.weight_decay, capturable=True, foreach=True)
-    return optimizer(param_groups, lr=recipe.lr, betas=tuple(recipe.betas), weight_decay=recipe.weight_decay)
+        lr = torch.tensor(recipe.lr, device=device)
+        options = {"capturable": True, "foreach": True} if capturable else {}
+    return optimizer(param_groups, lr=lr, betas=tuple(recipe.betas), weight_decay=recipe.weight_decay, **options)
 
 
 # ---------------------------------------------------------------- resumable state
@@ -160,6 +157,28 @@ def _params_finite(model) -> bool:
     purpose: a construction's log-parametrised λ = 1 is ν = −inf (GD-SSM), and training never moves it."""
     return all(not torch.isnan(p).any() and (not p.requires_grad or torch.isfinite(p).all())
                for p in model.parameters())
+
+
+class StepClock:
+    """Steps per second of a training loop from its `warmup`-th step on: compilation, CUDA-graph
+    capture and first allocations are left out, so the rate is what the rest of a long run gets."""
+
+    def __init__(self, start: int, warmup: int, device: torch.device):
+        self.start, self.warmup, self.device, self.started = start, warmup, device, None
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def tick(self, step: int) -> None:
+        """Call before running `step`."""
+        if step == self.start + self.warmup:
+            self.started = self._now()
+
+    def rate(self, stop: int) -> float | None:
+        """Steps per second up to `stop` (None: the loop never got past its warm-up)."""
+        return None if self.started is None else (stop - self.start - self.warmup) / (self._now() - self.started)
 
 
 # ---------------------------------------------------------------- the step
@@ -225,11 +244,10 @@ def train(
     loss_of, update = step_functions(model, task, recipe, opt, compiled=compiled)
     bar = tqdm(total=total, initial=start, disable=not progress, desc="train", unit="step", dynamic_ncols=True)
     running, count = 0.0, 0
-    step, clock = start, None
+    step, clock = start, StepClock(start, WARMUP_STEPS, device)
     try:
         for step in range(start, total):
-            if step == start + WARMUP_STEPS:
-                clock = time.perf_counter()
+            clock.tick(step)
             batch = task.sample(recipe.batch_size, generator=generator)
             loss = loss_of(batch.tokens, batch.targets)
             if not torch.isfinite(loss):
@@ -265,8 +283,7 @@ def train(
     if not _params_finite(model):  # the loss of the last step was finite, its update was not
         raise TrainingDiverged(f"the weights are NaN/inf after the last step ({total}); the last good training state "
                                f"(step {last_saved_step(run_dir)}) is kept in {run_dir}")
-    rate = (total - start - WARMUP_STEPS) / (time.perf_counter() - clock) if clock is not None else None
-    return TrainResult(steps=total, history=history, resumed_from=resumed_from, steps_per_second=rate)
+    return TrainResult(steps=total, history=history, resumed_from=resumed_from, steps_per_second=clock.rate(total))
 
 
 def last_saved_step(run_dir: Path) -> int | str:
