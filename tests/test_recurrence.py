@@ -77,3 +77,38 @@ def test_forward_and_forward_chunk_equal_iterated_step(entry):
             close(got, want, f"state {name} after the stream")
         whole, _ = model.forward_chunk(tokens, None)
         close(whole, ref, "forward_chunk from None (the zero state) vs step")
+
+
+def _entries_by_code_path():
+    out = {}
+    for entry in list_entries():
+        out.setdefault(_signature(entry), entry)
+    return list(out.values())
+
+
+@pytest.mark.parametrize("entry", _entries_by_code_path(), ids=lambda e: e.name)
+def test_predict_equals_the_read_out_of_forward(entry):
+    """`predict` may take a shortcut to the read-out (the gated RNN and GD-SSM compute their one
+    query's state as a weighted sum, and their output there only): for every registry code path,
+    constructed weights included (λ = 0 and 1 exactly), it equals reading `forward`'s output."""
+    model, task = model_for(entry)
+    tokens = task.sample(5, seed=12, dtype=torch.float64).tokens
+    with torch.no_grad():
+        close(model.predict(tokens), model.readout(model(tokens)), "predict vs readout(forward)")
+
+
+@pytest.mark.parametrize("name", ["gated-rnn-gd-zucchet-icl", "gd-ssm-gd-nd-2step"])
+def test_predict_has_finite_gradients_at_perfect_memory_and_forgetting(name):
+    """The constructions set λ = 1 (ν = −∞) and λ = 0 (ν = +∞) exactly; the weighted-sum read-out
+    takes λ's powers by a cumulative product, whose gradient stays finite there."""
+    from zoo.registry import get_entry
+
+    model, task = model_for(get_entry(name))
+    lams = torch.cat([torch.exp(-torch.exp(p.detach())).flatten() for n, p in model.named_parameters()
+                      if n.rsplit(".", 1)[-1] in ("nu", "nu_tilde")])
+    assert ((lams == 0) | (lams == 1)).any()  # the edge the test is about is really there
+    b = task.sample(8, seed=13, dtype=torch.float64)
+    task.loss(model.predict(b.tokens), b.targets).backward()
+    for n, p in model.named_parameters():
+        if p.grad is not None and torch.isfinite(p).all():
+            assert torch.isfinite(p.grad).all(), n

@@ -36,7 +36,7 @@ from torch.func import functional_call, stack_module_state, vmap
 from tqdm.auto import tqdm
 
 from zoo.train import (STATE_FILE, StepClock, TrainingDiverged, last_saved_step, default_device, load_state, lr_factor,
-                        make_optimizer, save_state)
+                        make_optimizer, optimizer_update, save_state)
 
 WARMUP_STEPS = 5  # steps left out of the measured rate: compilation, or a CUDA graph's 3 eager steps and its capture
 
@@ -120,10 +120,9 @@ def train_ensemble(make_model, task, recipe, seeds: list[int], *, run_dir: Path,
         return task.loss(base.readout(functional_call(base, (p, b), (tokens,))), targets)
 
     batched_loss = vmap(member_loss)
-    step_optimizer = opt.step
     if compiled:
         torch.compiler.reset()  # a fresh cache per run (see zoo.train.step_functions)
-        batched_loss, step_optimizer = torch.compile(batched_loss, dynamic=False), torch.compile(opt.step, dynamic=False)
+        batched_loss = torch.compile(batched_loss, dynamic=False)
     E, B = len(seeds), recipe.batch_size
     val = None
     if validation_batch is not None:
@@ -144,6 +143,7 @@ def train_ensemble(make_model, task, recipe, seeds: list[int], *, run_dir: Path,
                                [lr_factor(s, recipe, total) for s in range(total)], start)
     else:
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, recipe, total), last_epoch=start - 1)
+        step_optimizer = optimizer_update(opt, compiled=compiled)  # clipping is in forward_backward
 
         def advance(step):
             opt.zero_grad(set_to_none=True)

@@ -196,15 +196,36 @@ def step_functions(model, task, recipe, opt, *, compiled: bool = False):
     def loss_of(tokens, targets):
         return task.loss(model.predict(tokens), targets)
 
-    def update():
-        if recipe.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
-        opt.step()
+    def clip():
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
 
-    if not compiled:
-        return loss_of, update
-    torch.compiler.reset()  # a fresh cache per run: guards on the old model would pile up to the recompile limit
-    return torch.compile(loss_of, dynamic=False), torch.compile(update, dynamic=False)
+    if compiled:
+        torch.compiler.reset()  # a fresh cache per run: guards on the old model would pile up to the recompile limit
+        loss_of = torch.compile(loss_of, dynamic=False)
+    return loss_of, optimizer_update(opt, clip if recipe.grad_clip else None, compiled=compiled)
+
+
+def optimizer_update(opt, clip=None, *, compiled: bool = False):
+    """update(): `clip()` (if given), then the optimiser's step; with `compiled`, both through torch.compile.
+
+    It calls the optimiser class's `step`: an lr scheduler replaces the instance's `opt.step` by a
+    wrapper defined in torch's lr_scheduler.py, a file torch.compile does not trace, so a compiled
+    `opt.step()` would silently run eagerly. What the wrapper records (the step ran, so the
+    scheduler's order check passes) is recorded here instead."""
+    step = type(opt).step
+
+    def update():
+        if clip is not None:
+            clip()
+        step(opt)
+
+    fast = torch.compile(update, dynamic=False) if compiled else update
+
+    def run():
+        fast()
+        opt._opt_called = True  # what LRScheduler's wrapper of opt.step sets
+
+    return run
 
 
 # ---------------------------------------------------------------- loop

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from zoo.models.base import ZooModel
-from zoo.models.scan import scan
+from zoo.models.scan import last_state, scan
 from zoo.tasks.regression import Readout
 
 
@@ -92,11 +92,17 @@ class GatedLinearRNN(ZooModel):
         return torch.stack(hs, dim=1)
 
     def predict(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The read-out. With one query position, D g_out runs at that position only: the other
-        outputs are never read, and g_out's two n × m products are most of the FLOPs."""
+        """The read-out. With one query position, D g_out runs at that position only (the other
+        outputs are never read, and g_out's two n × m products are most of the FLOPs), and the
+        diagonal recurrence there is one weighted sum h_q = Σ_t λ^{q−t} ⊙ g_in(x̃_t), not a scan."""
         if self.readout.position is None:
             return super().predict(tokens)
-        h = self.hidden_states(tokens, None)[:, self.readout.position]  # (B, n)
+        end = tokens.shape[1] + self.readout.position + 1 if self.readout.position < 0 else self.readout.position + 1
+        if self.recurrence == "diagonal":
+            u = self.input_gate(tokens[:, :end])  # (B, q, n)
+            h = last_state(self.lam().to(u.dtype), u)  # (B, n)
+        else:
+            h = self.hidden_states(tokens[:, :end], None)[:, -1]
         return self.readout.channels(self.output(h))  # (B, d_y)
 
     def instantaneous(self, x: torch.Tensor) -> torch.Tensor:

@@ -126,3 +126,19 @@ def scan(a: torch.Tensor, b: torch.Tensor, *, complex_pairs: bool = False, h0: t
         T, per_step = b.shape[1], b[:, 0].numel()
         parallel = torch.compiler.is_exporting() or (T > SHORT_SCAN_LEN and per_step < WIDE_SCAN_NUMEL)
     return (parallel_scan if parallel else sequential_scan)(a, b, complex_pairs=complex_pairs, h0=h0)
+
+
+def last_state(lam: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """h_T of h_t = λ ⊙ h_{t−1} + b_t from h_0 = 0 with a time-invariant λ (…, C) and b (B, T, …, C),
+    for a read-out that needs the last state only. Eager: Σ_t λ^{T−t} ⊙ b_t, one weighted sum
+    (powers by a cumulative product: exact and differentiable at λ = 0 and 1). Compiled: the
+    recurrence itself, keeping no intermediate state, which inductor fuses into one loop."""
+    T = b.shape[1]
+    if torch.compiler.is_compiling():
+        h = b[:, 0]
+        for t in range(1, T):
+            h = lam * h + b[:, t]
+        return h
+    steps = torch.cat([torch.ones_like(lam).unsqueeze(0), lam.expand(T - 1, *lam.shape)], dim=0)  # (T, …, C)
+    powers = torch.cumprod(steps, dim=0).flip(0)  # [t] = λ^{T−1−t}
+    return (powers * b).sum(1)  # (B, …, C)
