@@ -133,7 +133,7 @@ def bench_entry(label: str, entry_name: str, args, device, peak_flops: float, pe
     row("eager", base, 1, base, floor)
     if not args.no_compile:
         row("compiled", solo(True), 1, base, floor)
-    if not getattr(model, "vmappable", True):
+    if not model.vmappable:
         return
     variants = [("per_member", False, False, ""), ("shared", False, False, " sh")]
     if not args.no_compile:
@@ -141,6 +141,10 @@ def bench_entry(label: str, entry_name: str, args, device, peak_flops: float, pe
     if device.type == "cuda":
         variants.append(("per_member", True, False, " cg"))
     for members in args.members:
+        if members * recipe.batch_size > args.max_ensemble_tasks:
+            print(f"{'ens ' + str(members):>16}   skipped: {members} × batch {recipe.batch_size} tasks a step "
+                  f"> --max-ensemble-tasks {args.max_ensemble_tasks}")
+            continue
         for data, graph, compiled, suffix in variants:
             if data == "shared" and members == 1:
                 continue
@@ -160,6 +164,8 @@ def main() -> None:
     p.add_argument("--families", nargs="+", metavar="ARCH_TYPE", help="default: every trained family of the registry")
     p.add_argument("--entries", nargs="+", metavar="ENTRY", help="measure these entries instead of one per family")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's, one per core)")
+    p.add_argument("--max-ensemble-tasks", type=int, default=4096,
+                   help="skip ensembles drawing more tasks a step (members × batch) than this (batch-2048 entries)")
     p.add_argument("--no-compile", action="store_true", help="leave out the compiled rows (they compile once per family)")
     args = p.parse_args()
     if args.threads:

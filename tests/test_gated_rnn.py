@@ -11,7 +11,7 @@ from zoo.constructions import construct_gd_lsa
 from zoo.constructions.rnn_from_lsa import lsa_weights, rnn_from_lsa
 from zoo.models.gated_rnn import GatedLinearRNN
 from zoo.models.lsa import LinearSelfAttention
-from zoo.models.scan import parallel_scan, scan, sequential_scan
+from zoo.models.scan import last_state, parallel_scan, scan, sequential_scan
 from zoo.tasks.regression import LinearRegressionTask, Readout
 from zoo.tasks.teacher import LSATeacherTask
 
@@ -91,6 +91,30 @@ def test_scan_picks_a_form_and_both_give_the_recurrence(T, width):
         h = torch.stack([re, im], -1) + b[:, t]
         expected.append(h)
     torch.testing.assert_close(scan(a, b, complex_pairs=True, h0=h0), torch.stack(expected, 1), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("T", [1, 13])
+def test_last_state_equals_the_scan_with_its_gradients(T, compiled):
+    """`last_state` (the read-out's shortcut: a weighted sum eager, the unrolled recurrence compiled) gives
+    the scan's h_T and the same gradients, also at λ = 0 and λ = 1, where the constructions put neurons."""
+    g = torch.Generator().manual_seed(T)
+    lam0 = torch.tensor([0.0, 1.0, 0.5, 0.93], dtype=torch.float64)
+    b0 = torch.randn(3, T, 4, generator=g, dtype=torch.float64)
+    weights = torch.randn(3, 4, generator=g, dtype=torch.float64)
+
+    def grads(fn):
+        lam, b = lam0.clone().requires_grad_(), b0.clone().requires_grad_()
+        h = fn(lam, b)
+        (h * weights).sum().backward()
+        return h.detach(), lam.grad, b.grad
+
+    fast = torch.compile(last_state, dynamic=False) if compiled else last_state
+    for got, want in zip(grads(fast), grads(lambda lam, b: sequential_scan(lam.expand_as(b), b)[:, -1])):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="does not match"):
+        last_state(lam0, b0.unsqueeze(2))  # λ (C,) against b (B, T, M, C) would line T up with M
 
 
 @pytest.mark.parametrize("compact", [False, True])

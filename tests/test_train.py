@@ -128,7 +128,7 @@ def test_compiled_run_resumes_to_the_same_weights(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["gated-rnn-zucchet-icl", "lru-in-out-zucchet-icl"])
-def test_compiled_training_equals_eager_to_rounding(name, tmp_path):
+def test_compiled_training_equals_eager_to_rounding(name, tmp_path, monkeypatch):
     """The fast path changes how the step is computed, not what: from one seed, 300 compiled steps see the
     eager run's batches and give its losses and weights. The gap is fp32 reassociation in fused kernels,
     grown over 300 AdamW steps (measured ≤ 3e-6 relative); the tolerances are 30× that, while a wrong
@@ -143,11 +143,36 @@ def test_compiled_training_equals_eager_to_rounding(name, tmp_path):
     for compiled in (False, True):
         torch.manual_seed(0)
         model = create_model(entry.arch, task)
+        if compiled:  # really compiled, once: a recompile per step (e.g. the lr as a new constant) is an error
+            torch._dynamo.utils.counters.clear()
+            monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
         result = train(model, task, run, run_dir=tmp_path / str(compiled), steps=300, device="cpu", progress=False,
                        compiled=compiled)
         models.append(model)
         losses.append(torch.tensor([r["train_loss"] for r in result.history], dtype=torch.float64))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 2  # the loss and the update became graphs
     assert losses[0][-1] < 0.95 * losses[0][0]  # it trained: the comparison is not between two untouched inits
     torch.testing.assert_close(losses[1], losses[0], rtol=1e-4, atol=0)
     for eager, fast in zip(models[0].parameters(), models[1].parameters()):
         torch.testing.assert_close(fast, eager, rtol=1e-4, atol=1e-4)
+
+
+def test_compiled_update_traces_the_optimiser_under_an_lr_scheduler():
+    """LambdaLR replaces `opt.step` by a wrapper in a file torch.compile does not trace: compiling a call to
+    it captures no graph and AdamW runs eagerly. `optimizer_update` compiles the optimiser's own step."""
+    from zoo.train import make_optimizer, optimizer_update
+
+    model = fresh_model()
+    opt = make_optimizer(model, recipe(), tensor_lr=True)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    before = [p.detach().clone() for p in model.parameters()]
+    torch.compiler.reset()
+    torch._dynamo.utils.counters.clear()
+    update = optimizer_update(opt, compiled=True)
+    update()
+    sched.step()  # no "lr_scheduler.step() before optimizer.step()" order warning: the step is recorded
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
+    assert all((p != b).all() for p, b in zip(model.parameters(), before))
+    assert float(opt.param_groups[0]["lr"]) == pytest.approx(0.5 * 3e-3)

@@ -193,7 +193,7 @@ def build_entry(name: str, root: Path, *, time_budget: float | None, device: str
 
     from zoo.builder import build, build_ensemble
     from zoo.models import create_model
-    from zoo.train import default_device, on_cuda
+    from zoo.train import can_compile, default_device, on_cuda
 
     if threads:
         torch.set_num_threads(threads)
@@ -205,7 +205,7 @@ def build_entry(name: str, root: Path, *, time_budget: float | None, device: str
     if entry.source.kind == "trained":
         model = create_model(entry.arch, get_task_spec(entry.task).build())
         graphed = on_cuda(device) and model.vmappable  # one CUDA-graph replay per step
-        compiled = compiled and not graphed and model.compile_pays
+        compiled = compiled and not graphed and model.compile_pays and can_compile(device)
         steps, rate = run_length(name, device, time_budget, compiled=compiled)
         marker = work / "run.json"  # a resumed build continues the same run length, for the same definition
         previous = json.loads(marker.read_text()) if marker.is_file() else None
@@ -622,11 +622,15 @@ def print_plan(*, device: str | None = None, only: list[str] | None = None, thre
     import torch
 
     from zoo.models import create_model
-    from zoo.train import default_device
+    from zoo.train import can_compile, default_device
 
     if threads:
         torch.set_num_threads(threads)
     device = device or str(default_device())
+    if compiled and not can_compile(device):
+        print("no C++ compiler on the PATH ($CXX, g++, c++, clang++): torch.compile cannot build the step here, "
+              "so the release build trains eagerly; measuring eager only")
+        compiled = False
     names = only or [e.name for e in zoo.list_entries(source="trained")]
     rows, totals = [], {"eager": 0.0, "compiled": 0.0}
     print(f"({device}, {torch.get_num_threads()} threads; recipe-length cost in hours)")

@@ -200,9 +200,21 @@ def step_functions(model, task, recipe, opt, *, compiled: bool = False):
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
 
     if compiled:
-        torch.compiler.reset()  # a fresh cache per run: guards on the old model would pile up to the recompile limit
+        # A fresh cache per run: guards on the previous run's model would pile up to the recompile limit
+        # (and the step would fall back to eager). This drops every compiled function of the process.
+        torch.compiler.reset()
         loss_of = torch.compile(loss_of, dynamic=False)
     return loss_of, optimizer_update(opt, clip if recipe.grad_clip else None, compiled=compiled)
+
+
+def can_compile(device: torch.device | str = "cpu") -> bool:
+    """Can torch.compile build a training step here? On a CPU inductor writes C++ and needs a compiler
+    ($CXX, g++, c++ or clang++ on the PATH); the release build trains eagerly where there is none."""
+    import shutil
+
+    if torch.device(device).type == "cuda":
+        return True
+    return any(shutil.which(c) for c in (os.environ.get("CXX"), "g++", "c++", "clang++") if c)
 
 
 def optimizer_update(opt, clip=None, *, compiled: bool = False):

@@ -116,15 +116,17 @@ def parallel_scan(a: torch.Tensor, b: torch.Tensor, *, complex_pairs: bool = Fal
 
 
 SHORT_SCAN_LEN = 16  # sequences up to this length scan step by step (outside exported graphs)
-WIDE_SCAN_NUMEL = 2**15  # ... and so do states of at least this many elements per time step (B × channels)
+WIDE_SCAN_CHANNELS = 512  # ... and so do states this wide (per sequence: Mamba's e·N = 1024 at the zoo's sizes)
 
 
 def scan(a: torch.Tensor, b: torch.Tensor, *, complex_pairs: bool = False, h0: torch.Tensor | None = None,
          parallel: bool | None = None) -> torch.Tensor:
-    """h_t = a_t ⊙ h_{t−1} + b_t by the cheaper form (module docstring); `parallel` forces one."""
+    """h_t = a_t ⊙ h_{t−1} + b_t by the cheaper form (module docstring); `parallel` forces one.
+    The choice depends on T and the state's width, never on the batch: a model scores a prompt
+    with the same arithmetic whatever batch it comes in."""
     if parallel is None:
-        T, per_step = b.shape[1], b[:, 0].numel()
-        parallel = torch.compiler.is_exporting() or (T > SHORT_SCAN_LEN and per_step < WIDE_SCAN_NUMEL)
+        T, width = b.shape[1], b[0, 0].numel()
+        parallel = torch.compiler.is_exporting() or (T > SHORT_SCAN_LEN and width < WIDE_SCAN_CHANNELS)
     return (parallel_scan if parallel else sequential_scan)(a, b, complex_pairs=complex_pairs, h0=h0)
 
 
@@ -133,6 +135,8 @@ def last_state(lam: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     for a read-out that needs the last state only. Eager: Σ_t λ^{T−t} ⊙ b_t, one weighted sum
     (powers by a cumulative product: exact and differentiable at λ = 0 and 1). Compiled: the
     recurrence itself, keeping no intermediate state, which inductor fuses into one loop."""
+    if lam.dim() != b.dim() - 2:  # λ must span b's channel axes: powers (T, …) line up with b's (B, T, …)
+        raise ValueError(f"λ of shape {tuple(lam.shape)} does not match b of shape {tuple(b.shape)} (B, T, …)")
     T = b.shape[1]
     if torch.compiler.is_compiling():
         h = b[:, 0]
