@@ -401,8 +401,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int)
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument("--compile", action="store_true",
-                   help="train through torch.compile: ~10–60 s to compile, then 1.5–6× the steps/s on a CPU "
-                        "(benchmarks/train_throughput.py); same data and losses to rounding")
+                   help="train through torch.compile: ~10–60 s to compile, then up to 2.5–6× the steps/s on a CPU for "
+                        "scan-heavy and small models, ~1× for LSTM/GRU (benchmarks/train_throughput.py); "
+                        "same data and losses to rounding")
     s.set_defaults(fn=cmd_build)
 
     s = sub.add_parser("eval", help="score a checkpoint (folder or Hub repo) on its frozen test split")

@@ -39,7 +39,7 @@ class SweepSpec(BaseModel):
     steps: int | None = Field(None, gt=0)  # override every trained entry's step count
     device: str | None = None  # default: CUDA when available
     ensemble: bool = False  # train the seeds of each (entry, overrides) as one batched ensemble (zoo/ensemble.py)
-    compiled: bool = False  # train through torch.compile (CPU: 1.5–6× the steps/s after ~10–60 s compiling per run)
+    compiled: bool = False  # train through torch.compile (CPU: up to 2.5–6× the steps/s after ~10–60 s compiling per run)
     grid: dict[str, list[Any]] = {}  # dotted field → values
 
 
