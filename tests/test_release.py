@@ -24,6 +24,13 @@ from zoo.tasks.frozen import load_split_from_hub
 
 INDEX = release.read_index()
 RELEASED = sorted(INDEX["entries"])
+# Card numbers reproduce to 1e-6 relative: the same float32 kernels, only the summation order differs
+# between machines. One construction is ill-conditioned in float32: the LSTM ≈ LSA (Zucchet A.2) reads
+# its answer out of O(ε) changes of saturating gates scaled back by 1/ε² = 1e4 (ε = 0.01), so the
+# rounding of oneDNN's fused LSTM kernel, whose code path depends on the CPU's instruction set, moves
+# its loss by 0.2% (0.094400 on the build machine, 0.094229 on a 2-core AVX2 Xeon, code of fed1d02 and
+# of today alike). Its float64 model is checked against GD in tests/test_families.py and test_export.py.
+RESCORE_REL = {"lstm-gd-zucchet-icl": 5e-3}
 STREAMED = 64  # test prompts streamed per entry (the re-score uses the whole split)
 
 
@@ -75,7 +82,7 @@ def test_released_entry_pulls_rescores_and_streams(served, name):
     # and float32 kernels: only the summation order can differ between machines (~1e-7 relative).
     split = _test_split(served, ckpt)
     metrics = rescore(ckpt, split)
-    assert metrics["test_loss"] == pytest.approx(card["test_loss"], rel=1e-6, abs=1e-12)
+    assert metrics["test_loss"] == pytest.approx(card["test_loss"], rel=RESCORE_REL.get(name, 1e-6), abs=1e-12)
     assert row["test_loss"] == card["test_loss"]
     assert f"{card['test_loss']:.6g}" in (folder / "README.md").read_text()
     if ckpt.entry.source.kind == "constructed":  # constructions must meet the papers' values

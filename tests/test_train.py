@@ -128,7 +128,7 @@ def test_compiled_run_resumes_to_the_same_weights(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["gated-rnn-zucchet-icl", "lru-in-out-zucchet-icl"])
-def test_compiled_training_equals_eager_to_rounding(name, tmp_path, monkeypatch):
+def test_compiled_training_equals_eager_to_rounding(name, tmp_path):
     """The fast path changes how the step is computed, not what: from one seed, 300 compiled steps see the
     eager run's batches and give its losses and weights. The gap is fp32 reassociation in fused kernels,
     grown over 300 AdamW steps (measured ≤ 3e-6 relative); the tolerances are 30× that, while a wrong
@@ -143,11 +143,11 @@ def test_compiled_training_equals_eager_to_rounding(name, tmp_path, monkeypatch)
     for compiled in (False, True):
         torch.manual_seed(0)
         model = create_model(entry.arch, task)
-        if compiled:  # really compiled, once: a recompile per step (e.g. the lr as a new constant) is an error
-            torch._dynamo.utils.counters.clear()
-            monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
-        result = train(model, task, run, run_dir=tmp_path / str(compiled), steps=300, device="cpu", progress=False,
-                       compiled=compiled)
+        torch._dynamo.utils.counters.clear()
+        # compiled once: a recompile (e.g. the lr handed over as a new constant each step) is an error
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            result = train(model, task, run, run_dir=tmp_path / str(compiled), steps=300, device="cpu",
+                           progress=False, compiled=compiled)
         models.append(model)
         losses.append(torch.tensor([r["train_loss"] for r in result.history], dtype=torch.float64))
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 2  # the loss and the update became graphs
