@@ -185,6 +185,19 @@ def run_length(name: str, device: str, time_budget: float | None, compiled: bool
     return min(recipe_steps, affordable), rate
 
 
+def training_mode(name: str, device: str, compiled: bool = True) -> tuple[bool, bool]:
+    """(graphed, compiled): how the release build trains entry `name` on `device`. Vmappable models on
+    a GPU replay each step as one CUDA graph (zoo/ensemble.py); the others go through torch.compile
+    (with `compiled`) where their model says it pays and a compiler is there to build it."""
+    from zoo.models import create_model
+    from zoo.train import can_compile, on_cuda
+
+    entry = get_entry(name)
+    model = create_model(entry.arch, get_task_spec(entry.task).build())
+    graphed = on_cuda(device) and model.vmappable
+    return graphed, compiled and not graphed and model.compile_pays and can_compile(device)
+
+
 def build_entry(name: str, root: Path, *, time_budget: float | None, device: str | None, threads: int | None,
                 force: bool = False, progress: bool = False, compiled: bool = True) -> dict:
     """Build entry `name` into `root/<name>` and return its index row (also run in worker processes).
@@ -192,8 +205,7 @@ def build_entry(name: str, root: Path, *, time_budget: float | None, device: str
     import torch
 
     from zoo.builder import build, build_ensemble
-    from zoo.models import create_model
-    from zoo.train import can_compile, default_device, on_cuda
+    from zoo.train import default_device
 
     if threads:
         torch.set_num_threads(threads)
@@ -203,9 +215,7 @@ def build_entry(name: str, root: Path, *, time_budget: float | None, device: str
     started = time.perf_counter()
     steps, rate = None, None
     if entry.source.kind == "trained":
-        model = create_model(entry.arch, get_task_spec(entry.task).build())
-        graphed = on_cuda(device) and model.vmappable  # one CUDA-graph replay per step
-        compiled = compiled and not graphed and model.compile_pays and can_compile(device)
+        graphed, compiled = training_mode(name, device, compiled)
         steps, rate = run_length(name, device, time_budget, compiled=compiled)
         marker = work / "run.json"  # a resumed build continues the same run length, for the same definition
         previous = json.loads(marker.read_text()) if marker.is_file() else None
@@ -618,10 +628,10 @@ def print_plan(*, device: str | None = None, only: list[str] | None = None, thre
                compiled: bool = True) -> list[dict]:
     """Measure each trained entry's steps/s here, eager and (with `compiled`) as `zoo release build`
     trains it (compiled unless its model says compiling does not pay), and print its recipe-length
-    cost each way and the whole zoo's total: what the release build can afford."""
+    cost each way and the whole zoo's total: what the release build can afford. (On a GPU the entries
+    the build replays as CUDA graphs are timed eagerly here: their cost is an upper bound.)"""
     import torch
 
-    from zoo.models import create_model
     from zoo.train import can_compile, default_device
 
     if threads:
@@ -643,10 +653,8 @@ def print_plan(*, device: str | None = None, only: list[str] | None = None, thre
         totals["eager"] += row["eager_seconds"]
         line = f"{name:34} {steps:>12,} {row['eager_steps_per_second']:>14.1f} {row['eager_seconds'] / 3600:>8.2f}"
         if compiled:
-            entry = get_entry(name)
-            pays = create_model(entry.arch, get_task_spec(entry.task).build()).compile_pays
-            row["compiled_steps_per_second"] = (measure_rate(name, device, compiled=True) if pays
-                                                else row["eager_steps_per_second"])  # the build trains it eagerly
+            row["compiled_steps_per_second"] = (measure_rate(name, device, compiled=True) if training_mode(name, device)[1]
+                                                else row["eager_steps_per_second"])  # the build does not compile it
             row["compiled_seconds"] = steps / row["compiled_steps_per_second"]
             totals["compiled"] += row["compiled_seconds"]
             line += (f" {row['compiled_steps_per_second']:>17.1f} {row['compiled_seconds'] / 3600:>11.2f}"

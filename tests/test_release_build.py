@@ -1,0 +1,41 @@
+"""`zoo release plan` (each trained entry's measured cost at its recipe length, eager and as the build trains
+it) and `zoo release build` into a fresh folder."""
+
+import json
+
+import pytest
+
+from zoo import release
+
+
+def test_plan_measures_eager_and_compiled_and_totals_them(capsys):
+    rows = release.print_plan(only=["fast-weight-triples", "lstm-triples"], device="cpu")
+    out = capsys.readouterr().out
+    by_name = {r["entry"]: r for r in rows}
+    for row in rows:
+        assert row["eager_steps_per_second"] > 0 and row["compiled_steps_per_second"] > 0
+        assert row["eager_seconds"] == pytest.approx(row["recipe_steps"] / row["eager_steps_per_second"])
+    # the build trains an LSTM eagerly (compiling leaves its fused kernel as it is): the plan says so
+    assert release.training_mode("lstm-triples", "cpu") == (False, False)
+    lstm = by_name["lstm-triples"]
+    assert lstm["compiled_steps_per_second"] == lstm["eager_steps_per_second"]
+    assert release.training_mode("fast-weight-triples", "cpu") == (False, True)
+    assert release.training_mode("fast-weight-triples", "cpu", compiled=False) == (False, False)
+    total = sum(r["compiled_seconds"] for r in rows) / 3600
+    assert "whole zoo" in out and f"{total:.2f}" in out.splitlines()[-1]
+
+
+def test_release_build_trains_compiled_within_its_budget_and_constructs(tmp_path):
+    """A budgeted CPU build: the trained entry runs compiled for the steps its measured (compiled) rate
+    affords, says so in its provenance and index row; the constructed one is built as always."""
+    index = release.build_release(tmp_path, only=["fast-weight-triples", "lsa-gd-zucchet-icl"], time_budget=1,
+                                  device="cpu", progress=False)
+    trained, constructed = index["entries"]["fast-weight-triples"], index["entries"]["lsa-gd-zucchet-icl"]
+    assert release.MIN_STEPS <= trained["steps"] < trained["recipe_steps"] and trained["steps_per_second"] > 0
+    config = json.loads((tmp_path / "fast-weight-triples" / "config.json").read_text())
+    assert config["provenance"]["compiled"] is True and config["provenance"]["steps"] == trained["steps"]
+    assert constructed["source"] == "constructed" and constructed["verdict"].startswith("meets")
+    eager = release.build_release(tmp_path / "eager", only=["fast-weight-triples"], time_budget=1, device="cpu",
+                                  progress=False, compiled=False)
+    config = json.loads((tmp_path / "eager" / "fast-weight-triples" / "config.json").read_text())
+    assert "compiled" not in config["provenance"] and eager["entries"]["fast-weight-triples"]["steps"] >= release.MIN_STEPS
