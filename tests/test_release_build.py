@@ -39,3 +39,13 @@ def test_release_build_trains_compiled_within_its_budget_and_constructs(tmp_path
                                   progress=False, compiled=False)
     config = json.loads((tmp_path / "eager" / "fast-weight-triples" / "config.json").read_text())
     assert "compiled" not in config["provenance"] and eager["entries"]["fast-weight-triples"]["steps"] >= release.MIN_STEPS
+
+
+def test_no_cpp_compiler_means_an_eager_build(monkeypatch):
+    """Inductor writes C++ on a CPU: with no compiler on the PATH the build trains eagerly instead of failing."""
+    from zoo.train import can_compile
+
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert not can_compile("cpu")
+    assert release.training_mode("fast-weight-triples", "cpu") == (False, False)
