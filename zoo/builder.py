@@ -178,10 +178,11 @@ def build_ensemble(
         constructions.append(_initialise(entry, model, task, validation))
         return model
 
+    compiled = compiled and dev.type != "cuda"  # on a GPU the step is replayed as one CUDA graph instead
     claim_run_dir(Path(run_dir), entry, spec, seed=seeds[0], steps=steps or entry.source.steps, members=list(seeds))
     result = train_ensemble(make_member, task, entry.source, seeds, run_dir=Path(run_dir),
                             validation_batch=validation.batch(task), steps=steps, device=dev, progress=progress,
-                            compiled=compiled and dev.type != "cuda")
+                            compiled=compiled)
     construction = constructions[0] if constructions else None
     ckpts = []
     for i, (seed, model, out) in enumerate(zip(seeds, result.models, outs)):
@@ -189,7 +190,7 @@ def build_ensemble(
                     **({"val_loss": r["val_loss"][i]} if "val_loss" in r else {})} for r in result.history]
         prov = provenance(seed=seed, steps=result.steps, device=str(dev), dataset_hashes=hashes)
         prov["ensemble"] = {"members": len(seeds), "seeds": list(seeds)}
-        if compiled and dev.type != "cuda":
+        if compiled:
             prov["compiled"] = True
         ckpts.append(_evaluate_and_save(entry, spec, model.cpu(), prov, construction, history, out, validation, test))
     return ckpts

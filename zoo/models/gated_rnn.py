@@ -97,7 +97,7 @@ class GatedLinearRNN(ZooModel):
         diagonal recurrence there is one weighted sum h_q = Σ_t λ^{q−t} ⊙ g_in(x̃_t), not a scan."""
         if self.readout.position is None:
             return super().predict(tokens)
-        end = tokens.shape[1] + self.readout.position + 1 if self.readout.position < 0 else self.readout.position + 1
+        end = self.readout.query_end(tokens.shape[1])
         if self.recurrence == "diagonal":
             u = self.input_gate(tokens[:, :end])  # (B, q, n)
             h = last_state(self.lam().to(u.dtype), u)  # (B, n)

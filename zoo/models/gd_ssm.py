@@ -175,7 +175,7 @@ class GDSSM(ZooModel):
         scan, and the output (and the gated unit) runs at q only."""
         if self.readout.position is None:
             return super().predict(tokens)
-        end = tokens.shape[1] + self.readout.position + 1 if self.readout.position < 0 else self.readout.position + 1
+        end = self.readout.query_end(tokens.shape[1])
         m, c, _ = self._memory(tokens[:, :end], None, None, last_only=True)  # (B, m_v, m_k), (B, w f + 1)
         return self.readout.channels(self._output(m, c))  # (B, d_y)
 

@@ -66,6 +66,10 @@ class Readout:
         """The prediction for the query (B, d_y): at `position`, or the last one when every position predicts."""
         return self.channels(out[:, -1 if self.position is None else self.position])
 
+    def query_end(self, T: int) -> int:
+        """How many of T tokens the query's prediction depends on: up to and including `position`."""
+        return T + self.position + 1 if self.position < 0 else self.position + 1
+
     def channels(self, out: torch.Tensor) -> torch.Tensor:
         """The prediction held in outputs (…, d_out) already taken at the read-out positions: (…, d_y)."""
         return self.sign * out[..., self.start : self.stop]
