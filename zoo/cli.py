@@ -94,6 +94,14 @@ def cmd_eval(args) -> int:
         from zoo.evaluate import input_scale_curve
 
         metrics["input_scale_curve"] = input_scale_curve(ckpt.model, task, args.input_scales, **reference)
+    if args.weights:
+        from zoo.analysis.gd_ssm_kernels import compare_with_construction
+        from zoo.analysis.plots import gd_ssm_kernel_figure
+
+        result = compare_with_construction(ckpt.model, task, reference.get("eta"))
+        gd_ssm_kernel_figure(result, args.weights, title=ckpt.entry.name)
+        metrics["weights_vs_construction"] = {k: v for k, v in result.items() if k != "matrices"}
+        print(f"wrote {args.weights}", file=sys.stderr)
     if args.loops:
         import torch
 
@@ -416,6 +424,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--endpoint", help="Hub endpoint (default: HF_ENDPOINT or huggingface.co)")
     s.add_argument("--input-scales", type=float, nargs="+", metavar="ALPHA",
                    help="also score inputs scaled by ALPHA (out of distribution), beside GD at the same η")
+    s.add_argument("--weights", metavar="PNG", type=Path,
+                   help="one-layer GD-SSM: compare its weights with the construction's up to their symmetries "
+                        "(Sushma, Tian et al. Fig. 3) and save the figure here")
     s.add_argument("--loops", type=int, nargs="+", metavar="K",
                    help="one-layer LSA: also score it applied K times (blogpost Figure 13), beside K GD steps")
     s.add_argument("--dampings", type=float, nargs="+", default=[1.0, 0.75], metavar="LAMBDA",

@@ -88,6 +88,18 @@ def gd_ssm_matrices(model) -> dict[str, torch.Tensor]:
     return out
 
 
+def gd_ssm_kernel_figure(result: dict, path: Path, *, title: str = "") -> Path:
+    """Trained against constructed GD-SSM kernels (zoo/analysis/gd_ssm_kernels.py): K, each V_k
+    and Λ, in the construction's gauge, with their cosines in the panel titles."""
+    m = result["matrices"]
+    panels = {f"K trained (cos {result['key_cosine']:.4f})": m["K"], "K construction": m["K_construction"]}
+    for k, cos in enumerate(result["value_cosine"][:3]):  # three outputs are enough to see the pattern
+        panels[f"V_{k} trained (cos {cos:.4f})"] = m["V"][k]
+        panels[f"V_{k} construction"] = m["V_construction"][k]
+    panels[f"Λ trained (mean {result['lambda_mean']:.4f})"] = m["lambda"]
+    return weight_matrices(panels, Path(path), title=f"{title}  function-tensor cosine {result['tensor_cosine']:.4f}")
+
+
 def loop_curve_figure(rows: list[dict], path: Path, *, title: str = "") -> Path:
     """Test loss of a looped one-layer LSA vs the number of applications K, one line per
     dampening λ, beside K GD steps at rate λη (dashed); non-finite losses are drawn at the top."""
