@@ -185,3 +185,39 @@ def test_scan_lines_drop_the_overrides_every_run_shares():
     single = [{"line": "lsa--seed0--lr=3"}]  # one run of one entry: every override is shared, the name stays readable
     _drop_shared_overrides(single)
     assert single[0]["line"] == "lsa" and single[0]["shared"] == ("lsa", "seed0--lr=3")
+
+
+def test_report_summarises_seeds_and_regenerates_from_its_json(tmp_path):
+    """Runs that differ only in their seed get one mean ± std row (sample std); the report's own
+    results.json, given back to `zoo report`, rebuilds the same markdown."""
+    def row(seed, loss, cos):
+        return {"model": f"gd-ssm-1d--seed{seed}", "entry": "gd-ssm-1d", "arch": "gd_ssm", "task": "gdssm-1d-f10-n10",
+                "source": "trained", "parameters": 483, "steps": 300000, "device": "cpu", "test_loss": loss,
+                "gd_loss": 0.8385, "lstsq_loss": 1e-7, "gd_steps": 1, "sensitivity_cosine": cos}
+    rows = [row(0, 0.84, 0.999), row(1, 0.86, 0.997), row(2, 0.85, 0.998)]
+    md, raw, _ = write_report(rows, tmp_path / "a")
+    table = md.read_text()[md.read_text().index("## mean ± std over seeds"):].splitlines()
+    assert table[2] == "| run | seeds | steps | test loss | GD | sensitivity cosine |"
+    assert table[4] == "| gd-ssm-1d | 3 | 300000 | 0.85 ± 0.01 | 0.8385 ± 0 | 0.998 ± 0.001 |"
+    again, _, _ = write_report(collect([raw]), tmp_path / "b")
+    assert again.read_text() == md.read_text()
+
+
+def test_report_input_scales_and_weights_of_a_construction(tmp_path):
+    """On the constructed GD-SSM the input-scale curve is GD's at every α (Figs. 1D/2D) and the
+    weights are the construction's (Fig. 3): cosine 1, Λ = 1."""
+    from zoo.builder import build
+
+    build("gd-ssm-gd-nd", tmp_path / "gd-ssm-gd-nd", progress=False)
+    rows = collect([tmp_path / "gd-ssm-gd-nd"], input_scales=[0.5, 2.0], weights=True)
+    curve = rows[0]["input_scale_curve"]
+    assert [p["input_scale"] for p in curve] == [0.5, 2.0]
+    for p in curve:
+        assert p["test_loss"] == pytest.approx(p["gd_loss"], rel=1e-5)  # float32 model, float64 GD
+    assert curve[1]["gd_loss"] > 10 * curve[0]["gd_loss"]  # η* of scale 1 overshoots at α = 2
+    weights = rows[0]["weights_vs_construction"]
+    assert weights["tensor_cosine"] == pytest.approx(1, abs=1e-6) and weights["lambda_mean"] == 1.0
+    md, _, _, scale_png = write_report(rows, tmp_path / "report")
+    text = md.read_text()
+    assert "| gd-ssm-gd-nd | 1 |" in text and "weights: function-tensor cosine" in text
+    assert scale_png.name == "report-input-scale.png" and scale_png.stat().st_size > 10_000

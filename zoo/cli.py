@@ -378,7 +378,7 @@ def cmd_sweep(args) -> int:
 def cmd_report(args) -> int:
     from zoo.report import collect, write_report
 
-    rows = collect(args.paths)
+    rows = collect(args.paths, input_scales=args.input_scales, weights=args.weights)
     for path in write_report(rows, Path(args.out)):
         print(f"wrote {path}")
     print((Path(args.out) / "report.md").read_text())
@@ -557,8 +557,13 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_sweep)
 
     s = sub.add_parser("report", help="compare checkpoints (or sweep folders) with GD and least squares")
-    s.add_argument("paths", nargs="+", help="checkpoint folders, or folders holding them")
+    s.add_argument("paths", nargs="+", help="checkpoint folders, folders holding them, or a report's results.json "
+                                            "(regenerates its tables and figures)")
     s.add_argument("--out", default="report", help="folder for report.md and report.png")
+    s.add_argument("--input-scales", type=float, nargs="+", metavar="ALPHA",
+                   help="also score each checkpoint on inputs scaled by ALPHA, beside GD (Sushma, Tian et al. Figs. 1D/2D)")
+    s.add_argument("--weights", action="store_true",
+                   help="one-layer GD-SSMs: compare each with the construction up to the weights' symmetries (Fig. 3)")
     s.set_defaults(fn=cmd_report)
 
     s = sub.add_parser("quickstart", help="pull a released model from a served hub, stream it with ONNX, re-score it")

@@ -4,7 +4,13 @@ Reads checkpoint folders (or sweep folders, which hold one checkpoint per run), 
 `report.md` (a table per task), `results.json` (the per-run rows behind it) and `report.png`
 (test loss against the task's GD and least-squares losses, and the sensitivity cosine to GD)
 in the output folder; sweeps over a task field and tasks predicted at every position
-("triples") get a table and a figure of their own.
+("triples") get a table and a figure of their own, and runs that differ only in their seed a
+mean ± std table. A `results.json` given instead of checkpoints regenerates the same report
+from its rows, with no model loaded.
+
+Two analyses load each checkpoint and add to its row: `input_scales` (Sushma, Tian et al.
+Figs. 1D/2D: the loss on inputs x ~ U(−α, α) beside GD's at the training η) and `weights`
+(one-layer GD-SSMs against the construction up to their symmetries, Fig. 3).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 from pathlib import Path
 
 from zoo.analysis.plots import POSITION_AXIS, POSITION_CURVES, finish
@@ -37,9 +44,14 @@ def checkpoint_folders(paths: list[str | Path]) -> list[Path]:
     return found
 
 
-def collect(paths: list[str | Path]) -> list[dict]:
+def collect(paths: list[str | Path], *, input_scales: list[float] | None = None, weights: bool = False) -> list[dict]:
+    """One row per checkpoint (`results.json` files contribute their rows as they are)."""
     rows = []
-    for folder in checkpoint_folders(paths):
+    for p in map(Path, paths):
+        if p.is_file() and p.name == "results.json":
+            rows.extend(json.loads(p.read_text()))
+    folders = checkpoint_folders([p for p in map(Path, paths) if not (p.is_file() and p.name == "results.json")])
+    for folder in folders:
         config = json.loads((folder / CONFIG).read_text())
         metrics = json.loads((folder / EVAL_RESULTS).read_text()) if (folder / EVAL_RESULTS).exists() else {}
         prov = config.get("provenance", {})
@@ -50,7 +62,108 @@ def collect(paths: list[str | Path]) -> list[dict]:
             "steps": prov.get("steps"), "device": prov.get("device"),
             **{k: metrics[k] for k in (*COLUMNS, *POSITION_KEYS, "polynomial", "gd_eta") if k in metrics},
         })
+        if input_scales or weights:
+            rows[-1].update(_analyses(folder, input_scales, weights))
     return rows
+
+
+def _analyses(folder: Path, input_scales: list[float] | None, weights: bool) -> dict:
+    from zoo.checkpoint import read_checkpoint
+    from zoo.evaluate import gd_reference, input_scale_curve
+
+    ckpt = read_checkpoint(folder)
+    reference = gd_reference(ckpt.entry, ckpt.task, ckpt.construction, recorded=ckpt.metrics)
+    out = {}
+    if input_scales:
+        out["input_scale_curve"] = input_scale_curve(ckpt.model, ckpt.task, input_scales, **reference)
+    if weights:
+        from zoo.analysis.gd_ssm_kernels import compare_with_construction
+
+        result = compare_with_construction(ckpt.model, ckpt.task, reference.get("eta"))
+        out["weights_vs_construction"] = {k: v for k, v in result.items() if k != "matrices"}
+    return out
+
+
+def run_line(row: dict) -> str:
+    """The run less its seed: `entry--seed3--lr=0.1` → `entry--lr=0.1` (sweep run names)."""
+    return re.sub(r"--seed\d+", "", row["model"])
+
+
+def _mean_std_of(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.4g}"
+    return f"{statistics.mean(values):.4g} ± {statistics.stdev(values):.2g}"  # exact arithmetic: equal values give ± 0
+
+
+SEED_COLUMNS = {  # key → (label, how to read it from a row)
+    "test_loss": ("test loss", lambda r: r.get("test_loss")),
+    "gd_loss": ("GD", lambda r: r.get("gd_loss")),
+    "sensitivity_cosine": ("sensitivity cosine", lambda r: r.get("sensitivity_cosine")),
+    "pred_l2_to_gd": ("prediction L2 to GD", lambda r: r.get("pred_l2_to_gd")),
+    "tensor_cosine": ("weights: function-tensor cosine", lambda r: r.get("weights_vs_construction", {}).get("tensor_cosine")),
+    "lambda_mean": ("weights: mean Λ", lambda r: r.get("weights_vs_construction", {}).get("lambda_mean")),
+}
+
+
+def _seed_table(rows: list[dict]) -> list[str]:
+    """Mean ± std (sample std, n − 1) over the runs that differ only in their seed."""
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(run_line(r), []).append(r)
+    if not any(len(g) > 1 for g in groups.values()) and not any("weights_vs_construction" in r for r in rows):
+        return []
+    keys = [k for k, (_, get) in SEED_COLUMNS.items() if any(get(r) is not None for r in rows)]
+    lines = ["## mean ± std over seeds", "", "| run | seeds | steps | " + " | ".join(SEED_COLUMNS[k][0] for k in keys) + " |",
+             "|" + "---|" * (len(keys) + 3)]
+    for line, group in sorted(groups.items(), key=lambda kv: _natural(kv[0])):
+        cells = []
+        for k in keys:
+            values = [v for v in map(SEED_COLUMNS[k][1], group) if v is not None]
+            cells.append(_mean_std_of(values) if values else "")
+        steps = sorted({r.get("steps") for r in group}, key=lambda v: v or 0)
+        lines.append(f"| {line} | {len(group)} | {', '.join(_fmt(v) for v in steps)} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def _input_scale_table(rows: list[dict]) -> list[str]:
+    rows = [r for r in rows if "input_scale_curve" in r]
+    if not rows:
+        return []
+    scales = [p["input_scale"] for p in rows[0]["input_scale_curve"]]
+    lines = ["## loss against the input scale α (mean ± std over seeds)", "",
+             "Inputs x ~ U(−α·a, α·a) for the task's a; 2000 tasks drawn from seed 0, the same for every model "
+             "(zoo.evaluate.input_scale_curve); GD keeps the training distribution's η.", "",
+             "| run | seeds | " + " | ".join(f"α = {_fmt(a)}" for a in scales) + " |", "|" + "---|" * (len(scales) + 2)]
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(run_line(r), []).append(r)
+    for line, group in sorted(groups.items(), key=lambda kv: _natural(kv[0])):
+        cells = [_mean_std_of([r["input_scale_curve"][i]["test_loss"] for r in group]) for i in range(len(scales))]
+        lines.append(f"| {line} | {len(group)} | " + " | ".join(cells) + " |")
+        gd = [_fmt(p["gd_loss"]) for p in group[0]["input_scale_curve"]]
+        lines.append(f"| GD (as {line} is scored) | | " + " | ".join(gd) + " |")
+    return [*lines, ""]
+
+
+def _input_scale_figure(rows: list[dict], path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        if "input_scale_curve" in r:
+            groups.setdefault(run_line(r), []).append(r)
+    for i, (line, group) in enumerate(sorted(groups.items())):
+        scales = [p["input_scale"] for p in group[0]["input_scale_curve"]]
+        curves = [[p["test_loss"] for p in r["input_scale_curve"]] for r in group]
+        mean, std = _mean_std(curves)
+        ax.errorbar(scales, mean, yerr=std, color=f"C{i}", marker="o", capsize=3, label=f"{line} (n = {len(group)})")
+        ax.plot(scales, [p["gd_loss"] for p in group[0]["input_scale_curve"]], color=f"C{i}", ls="--", lw=1,
+                label=f"one GD step ({line}'s task)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    return finish(fig, ax, path, xlabel="input scale α (training: 1)", title="loss on inputs of another scale",
+                  legend_size=7, grid=True, dpi=110)
 
 
 def write_report(rows: list[dict], out: Path) -> list[Path]:
@@ -83,6 +196,10 @@ def write_report(rows: list[dict], out: Path) -> list[Path]:
     for (base, field), variants in _task_scans(rows).items():
         lines += _scan_table(base, field, variants)
         figures.append(_scan_figure(base, field, variants, out / f"report-{base}-{field}.png"))
+    lines += _seed_table(rows)
+    if any("input_scale_curve" in r for r in rows):
+        lines += _input_scale_table(rows)
+        figures.append(_input_scale_figure(rows, out / "report-input-scale.png"))
     md = out / "report.md"
     md.write_text("\n".join(lines))
     raw = out / "results.json"  # the per-run rows the tables and figures are drawn from
