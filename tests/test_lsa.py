@@ -152,3 +152,23 @@ def test_constant_channel_lets_one_layer_do_gd_on_the_products_layout():
     bias_free = create_model(entry.arch.model_copy(update={"constant": False}), task).double()
     with torch.no_grad():
         torch.testing.assert_close(bias_free.predict(-b.tokens), -bias_free.predict(b.tokens))  # odd without it
+
+
+def test_gd_rate_curve_peaks_at_the_rate_the_model_implements(rng):
+    """Blogpost Figure 12: θ_GD built with rate η₀ is GD at η₀ exactly (prediction and gradient L2
+    zero, the closest η is η₀), farther at every other η, and its cosine is 1 whatever η."""
+    from zoo.evaluate import gd_rate_curve
+    from zoo.tasks.regression import empirical_eta
+
+    task = TASKS[0]
+    eta0 = 0.8 * task.analytic_eta()
+    b = task.sample(512, generator=rng, dtype=torch.float64)
+    result = gd_rate_curve(gd_lsa(task, eta0), task, b, [0.5 * eta0, eta0, 1.5 * eta0])
+    assert result["closest_eta"] == pytest.approx(eta0, rel=1e-10)
+    assert result["loss_eta"] == pytest.approx(empirical_eta(b), rel=1e-12)
+    assert result["analytic_eta"] == task.analytic_eta()
+    low, at, high = result["curve"]
+    assert at["pred_l2_to_gd"] < 1e-20 and at["sensitivity_l2_to_gd"] < 1e-20
+    assert min(low["pred_l2_to_gd"], high["pred_l2_to_gd"]) > 1e-4
+    assert all(r["sensitivity_cosine"] == pytest.approx(1, abs=1e-12) for r in result["curve"])
+    assert at["gd_loss"] == pytest.approx(task.loss(gd_predict(b, eta0), b.query_targets).item(), rel=1e-12)

@@ -102,6 +102,15 @@ def cmd_eval(args) -> int:
         gd_ssm_kernel_figure(result, args.weights, title=ckpt.entry.name)
         metrics["weights_vs_construction"] = {k: v for k, v in result.items() if k != "matrices"}
         print(f"wrote {args.weights}", file=sys.stderr)
+    if args.gd_etas:
+        from zoo.evaluate import gd_rate_curve
+
+        metrics["gd_rate_curve"] = gd_rate_curve(ckpt.model, task, split.batch(task), args.gd_etas)
+        if args.plot:
+            from zoo.analysis.plots import gd_rate_figure
+
+            gd_rate_figure(metrics["gd_rate_curve"], args.plot, title=ckpt.entry.name)
+            print(f"wrote {args.plot}", file=sys.stderr)
     if args.loops:
         import torch
 
@@ -433,7 +442,9 @@ def parser() -> argparse.ArgumentParser:
                    help="with --loops: dampening factors λ (e ← e + λ·layer(e)); default 1 0.75")
     s.add_argument("--zero-x-updates", action="store_true",
                    help="with --loops: zero W_P's x-rows first (one application never reads them; see loop_curve)")
-    s.add_argument("--plot", metavar="PNG", help="with --loops: save the loss-vs-K figure here")
+    s.add_argument("--gd-etas", type=float, nargs="+", metavar="ETA",
+                   help="also compare the model with one GD step at each rate ETA (blogpost Figure 12)")
+    s.add_argument("--plot", metavar="PNG", help="with --loops or --gd-etas: save that figure here")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_eval)
 

@@ -18,7 +18,7 @@ from zoo.models.gated_rnn import GatedLinearRNN
 from zoo.models.lsa import LinearSelfAttention
 from zoo.tasks.teacher import LSATeacherTask
 from zoo.tasks.regression import (
-    LinearRegressionTask, TaskBatch, gd_predict, gd_weights, least_squares_predict, online_gd_predict, prefix_gd_predict,
+    LinearRegressionTask, TaskBatch, empirical_eta, gd_predict, gd_weights, least_squares_predict, online_gd_predict, prefix_gd_predict,
     prefix_least_squares_predict,
 )
 
@@ -117,24 +117,51 @@ def evaluate_regression(model, task: LinearRegressionTask, batch: TaskBatch, *, 
     pred, sens = predictions_and_sensitivities(model, tokens, task.query_channels)
 
     b64 = task.batch_from_arrays(batch.x.double(), batch.y.double())
-    ref_sens = gd_weights(b64, eta, gd_steps, ridge).to(sens)  # (N, d_y, d_x)
-    ref_pred = (ref_sens @ b64.x_query.to(sens).unsqueeze(-1)).squeeze(-1)
-    flat, ref_flat = sens.flatten(1), ref_sens.flatten(1)
-    cos = torch.nn.functional.cosine_similarity(flat, ref_flat, dim=1, eps=1e-30)
     metrics = {
         "test_loss": task.loss(pred, targets).item(),
         "gd_loss": task.loss(gd_predict(b64, eta, gd_steps, ridge), b64.query_targets).item(),
         "gd_eta": eta,
         "gd_steps": gd_steps,
         "lstsq_loss": task.loss(least_squares_predict(b64), b64.query_targets).item(),
-        "pred_l2_to_gd": ((pred - ref_pred) ** 2).sum(1).mean().item(),
-        "sensitivity_l2_to_gd": ((flat - ref_flat) ** 2).sum(1).mean().item(),
-        "sensitivity_cosine": cos.mean().item(),
+        **alignment(pred, sens, b64, eta, gd_steps, ridge),
         "n_tasks": int(tokens.shape[0]),
     }
     if task.every_position:
         metrics.update(position_curves(model, task, tokens, b64))
     return metrics
+
+
+def alignment(pred: torch.Tensor, sens: torch.Tensor, b64: TaskBatch, eta: float, gd_steps: int = 1,
+              ridge: float = 0.0) -> dict:
+    """The blogpost's three metrics between a model's query predictions (N, d_y) and sensitivities
+    (N, d_y, d_x) and `gd_steps` GD steps at rate `eta` on the same tasks."""
+    ref_sens = gd_weights(b64, eta, gd_steps, ridge).to(sens)  # (N, d_y, d_x)
+    ref_pred = (ref_sens @ b64.x_query.to(sens).unsqueeze(-1)).squeeze(-1)
+    flat, ref_flat = sens.flatten(1), ref_sens.flatten(1)
+    cos = torch.nn.functional.cosine_similarity(flat, ref_flat, dim=1, eps=1e-30)
+    return {
+        "pred_l2_to_gd": ((pred - ref_pred) ** 2).sum(1).mean().item(),
+        "sensitivity_l2_to_gd": ((flat - ref_flat) ** 2).sum(1).mean().item(),
+        "sensitivity_cosine": cos.mean().item(),
+    }
+
+
+def gd_rate_curve(model, task: LinearRegressionTask, batch: TaskBatch, etas: list[float]) -> dict:
+    """The blogpost's Figure 12: the three alignment metrics between the model and one GD step at
+    each rate η in `etas`, with that GD's loss (`curve`); the model's predictions and input-gradients
+    are computed once. Also the rates the figure is about: `closest_eta`, the η whose GD predictions
+    are nearest the model's (the prediction L2 is quadratic in η, so exact), `loss_eta`, the η with
+    the lowest GD loss on these tasks (the blogpost's closed form), and the analytic η*."""
+    model.eval()
+    param = next(model.parameters())
+    pred, sens = predictions_and_sensitivities(model, batch.tokens.to(param), task.query_channels)
+    pred, sens = pred.double(), sens.double()
+    b64 = task.batch_from_arrays(batch.x.double(), batch.y.double())
+    g = gd_predict(b64, 1.0)  # one step at rate 1: GD at rate η predicts η g
+    curve = [{"eta": eta, "gd_loss": task.loss(eta * g, b64.query_targets).item(), **alignment(pred, sens, b64, eta)}
+             for eta in etas]
+    return {"curve": curve, "closest_eta": float((pred * g).sum() / (g * g).sum()), "loss_eta": empirical_eta(b64),
+            "analytic_eta": task.analytic_eta()}
 
 
 def position_curves(model, task: LinearRegressionTask, tokens: torch.Tensor, b64: TaskBatch) -> dict:

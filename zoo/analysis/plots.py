@@ -100,6 +100,35 @@ def gd_ssm_kernel_figure(result: dict, path: Path, *, title: str = "") -> Path:
     return weight_matrices(panels, Path(path), title=f"{title}  function-tensor cosine {result['tensor_cosine']:.4f}")
 
 
+def gd_rate_figure(result: dict, path: Path, *, title: str = "") -> Path:
+    """Blogpost Figure 12: prediction and input-gradient L2 to one GD step, and their cosine,
+    against the GD rate η, with the closest η, the loss-optimal η and the analytic η* marked."""
+    curve = result["curve"]
+    eta = [r["eta"] for r in curve]
+    fig, (ax_l2, ax_cos) = plt.subplots(1, 2, figsize=(10, 3.8))
+    ax_l2.plot(eta, [r["pred_l2_to_gd"] for r in curve], "o-", ms=3, label="prediction L2")
+    ax_l2.plot(eta, [r["sensitivity_l2_to_gd"] for r in curve], "s-", ms=3, label="input-gradient L2")
+    ax_l2.set_yscale("log")
+    ax_cos.plot(eta, [r["sensitivity_cosine"] for r in curve], "o-", ms=3, color="C2", label="model cosine")
+    ax_cos.set_ylim(min(0.9, *(r["sensitivity_cosine"] for r in curve)), 1.005)
+    marks = (("closest_eta", "closest GD", "k", "-"), ("loss_eta", "loss-optimal η", "C3", "--"),
+             ("analytic_eta", "analytic η*", "C4", ":"))
+    for ax in (ax_l2, ax_cos):
+        for key, label, color, ls in marks:
+            ax.axvline(result[key], color=color, ls=ls, lw=1, label=f"{label} {result[key]:.4f}")
+        ax.set_xlabel("GD learning rate η")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    ax_l2.set_title(f"{title}: distance to one GD step", fontsize=9)
+    ax_cos.set_title("cosine of the input-gradients (scale-free)", fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def loop_curve_figure(rows: list[dict], path: Path, *, title: str = "") -> Path:
     """Test loss of a looped one-layer LSA vs the number of applications K, one line per
     dampening λ, beside K GD steps at rate λη (dashed); non-finite losses are drawn at the top."""
