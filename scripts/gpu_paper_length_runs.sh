@@ -2,8 +2,9 @@
 # Paper-length versions of results that so far ran only short on a 2-core CPU (none of this has run
 # yet): teacher-student d = 4 at 1M steps with the paper's ν lr and with 10× it (reports/zucchet-2023/table-1.md),
 # Table 2 with four seeds (table-2.md), Figure 5 over the full size grid (figure-5.md), the context-size
-# rows (reports/blogpost-2024/figure-9.md), and the GD-SSM baselines, feature dimension and sine waves
-# (reports/sushma-tian-2024/). From the repo root, stage by stage:
+# rows (reports/blogpost-2024/figure-9.md), the GD-SSM baselines, feature dimension and sine waves
+# (reports/sushma-tian-2024/), and Zucchet's Figures 3.A and 4.A (sweeps/figure-3a.toml, figure-4a.toml).
+# From the repo root, stage by stage:
 #   launch    five sweep processes in the background (setsid), logs in /tmp/gpu-runs
 #   status    each ensemble's step (from its resumable state), the logs' tails, GPU use
 #   collect   the finished checkpoints (no training states) as $OUT/runs.tar.gz
@@ -31,6 +32,8 @@ launch)
   start figure-5   "zoo sweep sweeps/figure-5.toml --ensemble --steps 30000 --out $RUNS/figure-5 --quiet"
   start gd-ssm     "zoo sweep sweeps/gd-ssm.toml --steps 20000 $GDSSM_LR --out $RUNS/gd-ssm --quiet;
                     zoo sweep sweeps/context-size.toml --steps 5000 --out $RUNS/context-size --quiet"
+  start figure-3a  "zoo sweep sweeps/figure-3a.toml --out $RUNS/figure-3a --quiet;
+                    zoo sweep sweeps/figure-4a.toml --out $RUNS/figure-4a --quiet"
   sleep ${2:-60}; tail -n 3 $RUNS/*.log
   ;;
 status)
