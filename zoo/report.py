@@ -146,6 +146,8 @@ def _input_scale_table(rows: list[dict]) -> list[str]:
 
 
 def _input_scale_figure(rows: list[dict], path: Path) -> Path:
+    """Every run's loss against the input scale (one line per seed: a seed stuck on a plateau stays
+    visible instead of widening a mean's error bar), GD dashed."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -153,15 +155,18 @@ def _input_scale_figure(rows: list[dict], path: Path) -> Path:
     for r in rows:
         if "input_scale_curve" in r:
             groups.setdefault(run_line(r), []).append(r)
+    scales = []
     for i, (line, group) in enumerate(sorted(groups.items())):
         scales = [p["input_scale"] for p in group[0]["input_scale_curve"]]
-        curves = [[p["test_loss"] for p in r["input_scale_curve"]] for r in group]
-        mean, std = _mean_std(curves)
-        ax.errorbar(scales, mean, yerr=std, color=f"C{i}", marker="o", capsize=3, label=f"{line} (n = {len(group)})")
-        ax.plot(scales, [p["gd_loss"] for p in group[0]["input_scale_curve"]], color=f"C{i}", ls="--", lw=1,
-                label=f"one GD step ({line}'s task)")
+        for j, r in enumerate(group):
+            ax.plot(scales, [p["test_loss"] for p in r["input_scale_curve"]], color=f"C{i}", marker="o", ms=3, lw=1,
+                    alpha=0.7, label=f"{line} ({len(group)} runs)" if j == 0 else None)
+        ax.plot(scales, [p["gd_loss"] for p in group[0]["input_scale_curve"]], color="k" if len(groups) == 1 else f"C{i}",
+                ls="--", lw=1.5, label=f"one GD step ({line}'s task)")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.set_xticks(scales, [_fmt(a) for a in scales])
+    ax.minorticks_off()
     return finish(fig, ax, path, xlabel="input scale α (training: 1)", title="loss on inputs of another scale",
                   legend_size=7, grid=True, dpi=110)
 
