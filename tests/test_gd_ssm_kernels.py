@@ -89,9 +89,35 @@ def test_function_tensor_is_symmetric_in_the_query_pair():
     k = kernels(random_model(TASKS["interleaved"], 4))
     t = function_tensor(k)  # (o, i, m, folded context pair)
     torch.testing.assert_close(t, t.transpose(1, 2))
-    # folding only regroups coefficients: evaluated on one position's window it gives the same sum
-    full = torch.einsum("oij,lm->oijlm", k["V"], k["K"])
-    assert float(t.sum()) == pytest.approx(float(full.sum()), rel=1e-12)
+
+
+def test_the_fold_keeps_slot_offsets_apart():
+    """Shifting only the value projection pairs y_j with x_{j−1}'s slot: another function (it reads
+    y_j x_{j+1}ᵀ), which the folded comparison must not mistake for the construction."""
+    task = TASKS["interleaved"]
+    ref = constructed(task)
+    other = constructed(task)
+    f = task.token_dim
+    layer = other.layers[0]
+    with torch.no_grad():
+        a = layer.a.clone()
+        layer.a.zero_()
+        layer.a[:, f:3 * f] = a[:, 0:2 * f]  # values one slot later, keys where they were
+    tokens = task.sample(64, seed=7, dtype=torch.float64).tokens
+    assert not torch.allclose(other.predict(tokens), ref.predict(tokens), atol=1e-3)
+    assert compare(other, ref)["tensor_cosine"] < 0.5
+
+
+def test_comparison_leaves_the_model_alone_and_refuses_other_models():
+    from zoo.models.lsa import LinearSelfAttention
+
+    task = TASKS["interleaved"]
+    model = random_model(task, 8).float()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    compare_with_construction(model, task)
+    assert all(torch.equal(v, model.state_dict()[k]) and v.dtype == torch.float32 for k, v in before.items())
+    with pytest.raises(ValueError, match="GD-SSM on in-context regression"):
+        compare_with_construction(LinearSelfAttention(task.token_dim, task.readout), task)
 
 
 def test_the_two_window_alignments_of_the_interleaved_layout_fold_together():

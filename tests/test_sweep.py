@@ -221,3 +221,18 @@ def test_report_input_scales_and_weights_of_a_construction(tmp_path):
     text = md.read_text()
     assert "| gd-ssm-gd-nd | 1 |" in text and "weights: function-tensor cosine" in text
     assert scale_png.name == "report-input-scale.png" and scale_png.stat().st_size > 10_000
+
+
+def test_report_analyses_skip_what_they_do_not_apply_to(tmp_path):
+    """`--weights` on an LSA records why it does not apply instead of stopping the report; a sweep's
+    results.json (rows keyed by run) is refused with a pointer to the sweep folder."""
+    from zoo.builder import build
+
+    build("lsa-gd-zucchet-icl", tmp_path / "lsa", progress=False)
+    rows = collect([tmp_path / "lsa"], weights=True)
+    assert "GD-SSM" in rows[0]["weights_not_applicable"] and "weights_vs_construction" not in rows[0]
+    sweep_json = tmp_path / "sweep" / "results.json"
+    sweep_json.parent.mkdir()
+    sweep_json.write_text(json.dumps([{"run": "lsa-gd-zucchet-icl", "test_loss": 0.1}]))
+    with pytest.raises(ValueError, match="not a report's results.json"):
+        collect([sweep_json])

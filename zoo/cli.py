@@ -94,6 +94,8 @@ def cmd_eval(args) -> int:
         from zoo.evaluate import input_scale_curve
 
         metrics["input_scale_curve"] = input_scale_curve(ckpt.model, task, args.input_scales, **reference)
+    if args.plot and args.loops and args.gd_etas:
+        raise ValueError("--plot draws one figure: give it with --loops or with --gd-etas, not both")
     if args.weights:
         from zoo.analysis.gd_ssm_kernels import compare_with_construction
         from zoo.analysis.plots import gd_ssm_kernel_figure

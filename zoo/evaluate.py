@@ -151,7 +151,10 @@ def gd_rate_curve(model, task: LinearRegressionTask, batch: TaskBatch, etas: lis
     each rate η in `etas`, with that GD's loss (`curve`); the model's predictions and input-gradients
     are computed once. Also the rates the figure is about: `closest_eta`, the η whose GD predictions
     are nearest the model's (the prediction L2 is quadratic in η, so exact), `loss_eta`, the η with
-    the lowest GD loss on these tasks (the blogpost's closed form), and the analytic η*."""
+    the lowest GD loss on these tasks (the blogpost's closed form), and the analytic η*. Always one
+    GD step: the figure is about a one-layer model's rate."""
+    if not isinstance(task, LinearRegressionTask):
+        raise ValueError("GD-rate curves are defined for in-context regression tasks, not a teacher-student task")
     model.eval()
     param = next(model.parameters())
     pred, sens = predictions_and_sensitivities(model, batch.tokens.to(param), task.query_channels)

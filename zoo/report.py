@@ -49,7 +49,11 @@ def collect(paths: list[str | Path], *, input_scales: list[float] | None = None,
     rows = []
     for p in map(Path, paths):
         if p.is_file() and p.name == "results.json":
-            rows.extend(json.loads(p.read_text()))
+            loaded = json.loads(p.read_text())
+            if not isinstance(loaded, list) or not all(isinstance(r, dict) and {"model", "task"} <= r.keys() for r in loaded):
+                raise ValueError(f"{p}: not a report's results.json (rows with 'model' and 'task'); a sweep's "
+                                 "results.json is read through its checkpoint folders instead: zoo report <sweep folder>")
+            rows.extend(loaded)
     folders = checkpoint_folders([p for p in map(Path, paths) if not (p.is_file() and p.name == "results.json")])
     for folder in folders:
         config = json.loads((folder / CONFIG).read_text())
@@ -73,14 +77,20 @@ def _analyses(folder: Path, input_scales: list[float] | None, weights: bool) -> 
 
     ckpt = read_checkpoint(folder)
     reference = gd_reference(ckpt.entry, ckpt.task, ckpt.construction, recorded=ckpt.metrics)
-    out = {}
+    out = {}  # an analysis that does not apply to this checkpoint records why instead of stopping the report
     if input_scales:
-        out["input_scale_curve"] = input_scale_curve(ckpt.model, ckpt.task, input_scales, **reference)
+        try:
+            out["input_scale_curve"] = input_scale_curve(ckpt.model, ckpt.task, input_scales, **reference)
+        except ValueError as e:
+            out["input_scale_curve_not_applicable"] = str(e)
     if weights:
         from zoo.analysis.gd_ssm_kernels import compare_with_construction
 
-        result = compare_with_construction(ckpt.model, ckpt.task, reference.get("eta"))
-        out["weights_vs_construction"] = {k: v for k, v in result.items() if k != "matrices"}
+        try:
+            result = compare_with_construction(ckpt.model, ckpt.task, reference.get("eta"))
+            out["weights_vs_construction"] = {k: v for k, v in result.items() if k != "matrices"}
+        except ValueError as e:
+            out["weights_not_applicable"] = str(e)
     return out
 
 

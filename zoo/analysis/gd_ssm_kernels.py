@@ -109,9 +109,11 @@ def _cosine(x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def compare(model: GDSSM, construction: GDSSM, active: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict:
-    """Trained against constructed: cosines of K, of each V_k and of the function tensor (on the
-    `active` coefficients only, when given), K and V brought to the construction's gauge (unit-norm
-    K of the agreeing sign, V scaled to match), and the trained Λ's mean and range."""
+    """Trained against constructed: the cosine of the function tensors (on the `active` coefficients
+    only, when given: the comparison that means "same function"), and the raw cosines of K and of
+    each V_k (no fold, no mask: they show where the weights put the computation, and differ for the
+    same function read at another window slot). K and V are brought to the construction's gauge for
+    the figure (unit-norm K of the agreeing sign, V scaled to match). Also the trained Λ's mean and range."""
     mine, ref = kernels(model), kernels(construction)
     t_mine, t_ref = function_tensor(mine), function_tensor(ref)
     if active is not None:
@@ -138,7 +140,13 @@ def compare(model: GDSSM, construction: GDSSM, active: tuple[torch.Tensor, torch
 
 def compare_with_construction(model: GDSSM, task, eta: float | None = None) -> dict:
     """`compare` against the construction of the same shape on `task` (one GD step at `eta`,
-    default the analytic η*)."""
+    default the analytic η*); the caller's model is left as it is."""
+    from zoo.tasks.regression import LinearRegressionTask
+
+    if not isinstance(model, GDSSM) or not isinstance(task, LinearRegressionTask):
+        raise ValueError(f"weights against the construction: defined for a GD-SSM on in-context regression, "
+                         f"not a {type(model).__name__} on {type(task).__name__}")
+    kernels(model)  # one linear layer on the raw tokens, or a clear error
     reference = copy.deepcopy(model).double()
     construct_gd_ssm(reference, task.layout, task.d_x, task.d_y, task.analytic_eta() if eta is None else eta)
     return compare(model, reference, active_coefficients(model, task))
