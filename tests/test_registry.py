@@ -1,6 +1,8 @@
 """The declarative registry: every entry validates, bad files fail naming file, entry and field."""
 
+import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +135,19 @@ def test_fast_weight_constructions_name_what_does_not_fit(tmp_path, task, arch, 
     write(tmp_path, task + f'\n[models.m]\npaper = "p"\ntask = "t"\narch = {arch}\nsource = {source}\n')
     with pytest.raises(RegistryError, match=f"fam.toml: entry 'm': field 'source.construction': .*{re.escape(expected)}"):
         load_registry(tmp_path)
+
+
+def test_every_metric_evaluation_writes_is_declared_once():
+    """zoo/metrics.py is the one list of metrics: a card, a report and a sweep take labels and
+    columns from it, and every scalar a built checkpoint's evaluation writes is in it."""
+    from zoo import metrics
+    from zoo.card import METRIC_NAMES
+    from zoo.report import COLUMNS
+    from zoo.sweep import RESULT_COLUMNS
+
+    assert len(metrics.BY_KEY) == len(metrics.METRICS)
+    assert set(METRIC_NAMES) | set(RESULT_COLUMNS) <= set(COLUMNS) == set(metrics.BY_KEY)
+    assert all(METRIC_NAMES[k] == metrics.label(k) for k in METRIC_NAMES)
+    released = json.loads((Path(__file__).parents[1] / "release" / "gated-rnn-zucchet-icl" / "eval_results.json").read_text())
+    scalars = {k for k, v in released.items() if isinstance(v, (int, float)) and k not in ("n_tasks", "gd_eta")}
+    assert scalars <= set(metrics.BY_KEY), scalars - set(metrics.BY_KEY)

@@ -197,7 +197,7 @@ def test_report_summarises_seeds_and_regenerates_from_its_json(tmp_path):
     rows = [row(0, 0.84, 0.999), row(1, 0.86, 0.997), row(2, 0.85, 0.998)]
     md, raw, _ = write_report(rows, tmp_path / "a")
     table = md.read_text()[md.read_text().index("## mean ± std over seeds"):].splitlines()
-    assert table[2] == "| run | seeds | steps | test loss | GD | sensitivity cosine |"
+    assert table[2] == "| run | seeds | steps | Test loss (½·MSE) | GD loss | Sensitivity cosine to θ_GD |"
     assert table[4] == "| gd-ssm-1d | 3 | 300000 | 0.85 ± 0.01 | 0.8385 ± 0 | 0.998 ± 0.001 |"
     again, _, _ = write_report(collect([raw]), tmp_path / "b")
     assert again.read_text() == md.read_text()

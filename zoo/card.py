@@ -9,20 +9,11 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from zoo.analysis import plots
+from zoo.metrics import METRICS
 
 REPO_URL = "https://github.com/icl-zoo/icl-zoo"
 CARD_MARKER = "icl-zoo model card: generated from config.json and eval_results.json; zoo publish re-renders it"
-METRIC_NAMES = {
-    "test_loss": "Test loss (½·MSE)",
-    "pred_l2_to_gd": "L2 prediction gap to θ_GD",
-    "sensitivity_l2_to_gd": "L2 sensitivity gap to θ_GD",
-    "sensitivity_cosine": "Sensitivity cosine to θ_GD",
-    "polynomial_distance": "Polynomial distance to the teacher",
-    "kv_score": "KV score (1 − R²)",
-    "q_score": "Q score (1 − R²)",
-    "imperfect_memory_effect": "output share of 0 < λ < 1 neurons",
-    "memory_leak": "1 − λ of memory neurons (median)",
-}
+METRIC_NAMES = {m.key: m.label for m in METRICS if m.group != "reference"}  # a card reports the model's own numbers
 
 
 def templates_dir() -> Path:

@@ -22,13 +22,13 @@ import statistics
 from pathlib import Path
 
 from zoo.analysis.plots import POSITION_AXIS, POSITION_CURVES, finish
+from zoo import metrics
 from zoo.checkpoint import CONFIG, EVAL_RESULTS
 
-COLUMNS = ("test_loss", "gd_loss", "lstsq_loss", "pred_l2_to_gd", "sensitivity_cosine", "gd_steps", "polynomial_distance",
-           "kv_score", "q_score", "imperfect_memory_effect", "memory_leak")
+COLUMNS = tuple(metrics.keys())  # every metric a checkpoint may have (zoo/metrics.py)
 POSITION_KEYS = tuple(POSITION_CURVES)  # loss against position: the model's and its baselines' (zoo/evaluate.py)
-REGRESSION_COLUMNS = ["gd_loss", "gd_steps", "pred_l2_to_gd", "sensitivity_cosine"]
-TEACHER_COLUMNS = ["polynomial_distance", "kv_score", "q_score", "imperfect_memory_effect", "memory_leak"]  # students of an LSA teacher: no GD reference
+REGRESSION_COLUMNS = ["gd_loss", "gd_steps", "pred_l2_to_gd", "sensitivity_cosine"]  # a task table's columns
+TEACHER_COLUMNS = metrics.keys("teacher", "memory")  # students of an LSA teacher: no GD reference
 
 
 def checkpoint_folders(paths: list[str | Path]) -> list[Path]:
@@ -57,14 +57,14 @@ def collect(paths: list[str | Path], *, input_scales: list[float] | None = None,
     folders = checkpoint_folders([p for p in map(Path, paths) if not (p.is_file() and p.name == "results.json")])
     for folder in folders:
         config = json.loads((folder / CONFIG).read_text())
-        metrics = json.loads((folder / EVAL_RESULTS).read_text()) if (folder / EVAL_RESULTS).exists() else {}
+        scores = json.loads((folder / EVAL_RESULTS).read_text()) if (folder / EVAL_RESULTS).exists() else {}
         prov = config.get("provenance", {})
         parameters = sum(math.prod(shape) for shape in config.get("parameters", {}).values())
         rows.append({
             "model": folder.name, "entry": config["entry"]["name"], "arch": config["entry"]["arch"]["type"],
             "task": config["entry"]["task"], "source": config["entry"]["source"]["kind"], "parameters": parameters,
             "steps": prov.get("steps"), "device": prov.get("device"),
-            **{k: metrics[k] for k in (*COLUMNS, *POSITION_KEYS, "polynomial", "gd_eta") if k in metrics},
+            **{k: scores[k] for k in (*COLUMNS, *POSITION_KEYS, "polynomial", "gd_eta") if k in scores},
         })
         if input_scales or weights:
             rows[-1].update(_analyses(folder, input_scales, weights))
@@ -106,10 +106,7 @@ def _mean_std_of(values: list[float]) -> str:
 
 
 SEED_COLUMNS = {  # key → (label, how to read it from a row)
-    "test_loss": ("test loss", lambda r: r.get("test_loss")),
-    "gd_loss": ("GD", lambda r: r.get("gd_loss")),
-    "sensitivity_cosine": ("sensitivity cosine", lambda r: r.get("sensitivity_cosine")),
-    "pred_l2_to_gd": ("prediction L2 to GD", lambda r: r.get("pred_l2_to_gd")),
+    **{k: (metrics.label(k), lambda r, k=k: r.get(k)) for k in ("test_loss", "gd_loss", "sensitivity_cosine", "pred_l2_to_gd")},
     "tensor_cosine": ("weights: function-tensor cosine", lambda r: r.get("weights_vs_construction", {}).get("tensor_cosine")),
     "lambda_mean": ("weights: mean Λ", lambda r: r.get("weights_vs_construction", {}).get("lambda_mean")),
 }

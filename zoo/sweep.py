@@ -27,7 +27,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-RESULT_COLUMNS = ("test_loss", "gd_loss", "lstsq_loss", "pred_l2_to_gd", "sensitivity_cosine", "polynomial_distance")
+from zoo.metrics import METRICS
+
+RESULT_COLUMNS = tuple(m.key for m in METRICS if m.in_sweeps)
 
 
 class SweepSpec(BaseModel):
