@@ -30,6 +30,19 @@ def constructed(task, eta=0.07):
     return construct_gd_ssm(random_model(task, 0), task.layout, task.d_x, task.d_y, eta)
 
 
+def one_slot_later(model, f: int, *names: str):
+    """Move the named window projections of the layer (e.g. "a", "b") to read every slot one
+    position later (slot k → k + 1; the newest slot's weights drop out)."""
+    layer = model.layers[0]
+    with torch.no_grad():
+        for name in names:
+            w = getattr(layer, name)
+            old = w.clone()
+            w.zero_()
+            w[:, f:3 * f] = old[:, 0:2 * f]
+    return model
+
+
 @pytest.mark.parametrize("layout", TASKS)
 def test_kernels_reproduce_the_output(layout):
     """o_k = Σ_t (c_qᵀ V_k c_t)(c_tᵀ K c_q) on fresh random weights and tokens, float64."""
@@ -96,13 +109,7 @@ def test_the_fold_keeps_slot_offsets_apart():
     y_j x_{j+1}ᵀ), which the folded comparison must not mistake for the construction."""
     task = TASKS["interleaved"]
     ref = constructed(task)
-    other = constructed(task)
-    f = task.token_dim
-    layer = other.layers[0]
-    with torch.no_grad():
-        a = layer.a.clone()
-        layer.a.zero_()
-        layer.a[:, f:3 * f] = a[:, 0:2 * f]  # values one slot later, keys where they were
+    other = one_slot_later(constructed(task), task.token_dim, "a")  # values one slot later, keys where they were
     tokens = task.sample(64, seed=7, dtype=torch.float64).tokens
     assert not torch.allclose(other.predict(tokens), ref.predict(tokens), atol=1e-3)
     assert compare(other, ref)["tensor_cosine"] < 0.5
@@ -125,15 +132,7 @@ def test_the_two_window_alignments_of_the_interleaved_layout_fold_together():
     is the same function up to the first and last window, and the same folded tensor."""
     task = TASKS["interleaved"]
     ref = constructed(task)
-    shifted = constructed(task)
-    f = task.token_dim
-    layer = shifted.layers[0]
-    with torch.no_grad():
-        a, b = layer.a.clone(), layer.b.clone()
-        layer.a.zero_()
-        layer.b.zero_()
-        layer.a[:, f:3 * f] = a[:, 0:2 * f]  # every slot one position later
-        layer.b[:, f:3 * f] = b[:, 0:2 * f]
+    shifted = one_slot_later(constructed(task), task.token_dim, "a", "b")
     assert compare(shifted, ref)["tensor_cosine"] == pytest.approx(1, abs=1e-12)
     assert compare(shifted, ref)["key_cosine"] < 0.1  # raw K: different slots
 

@@ -26,6 +26,16 @@ def finish(fig, ax, path: Path, *, xlabel: str, ylabel: str = "test loss  (½·M
     return path
 
 
+def save(fig, path: Path, dpi: int = 120) -> Path:
+    """Lay out, write (creating the folder) and free a figure."""
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 def loss_curve(history: list[dict], path: Path, *, gd_loss: float | None = None, gd_steps: int = 1, title: str = "") -> Path:
     steps = [h["step"] for h in history]
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
@@ -121,12 +131,7 @@ def gd_rate_figure(result: dict, path: Path, *, title: str = "") -> Path:
         ax.legend(fontsize=7)
     ax_l2.set_title(f"{title}: distance to one GD step", fontsize=9)
     ax_cos.set_title("cosine of the input-gradients (scale-free)", fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def loop_curve_figure(rows: list[dict], path: Path, *, title: str = "") -> Path:
@@ -146,12 +151,7 @@ def loop_curve_figure(rows: list[dict], path: Path, *, title: str = "") -> Path:
     ax.set_ylabel("test loss (clipped at the top)")
     ax.set_title(title or "looped LSA")
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 POSITION_AXIS = "examples seen t (predicting y_{t+1})"
