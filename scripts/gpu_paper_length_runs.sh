@@ -4,7 +4,8 @@
 # Table 2 with four seeds (table-2.md), Figure 5 over the full size grid (figure-5.md), the context-size
 # rows (reports/blogpost-2024/figure-9.md), the GD-SSM baselines, feature dimension and sine waves
 # (reports/sushma-tian-2024/), Sushma's Figure 1.C at the paper's recipe with N = N_x, and Zucchet's
-# Figures 3.A and 4.A (sweeps/figure-3a.toml, figure-4a.toml).
+# Figures 3.A and 4.A (sweeps/figure-3a.toml, figure-4a.toml), and the blogpost's depth sweeps of
+# Figures 7–8 and 14–16.
 # From the repo root, stage by stage:
 #   launch    five sweep processes in the background (setsid), logs in /tmp/gpu-runs
 #   status    each ensemble's step (from its resumable state), the logs' tails, GPU use
@@ -35,6 +36,8 @@ launch)
                     zoo sweep sweeps/context-size.toml --steps 5000 --out $RUNS/context-size --quiet"
   start figure-3a  "zoo sweep sweeps/figure-3a.toml --out $RUNS/figure-3a --quiet;
                     zoo sweep sweeps/figure-4a.toml --out $RUNS/figure-4a --quiet"
+  start blogpost   "zoo sweep sweeps/figure-7-8.toml --out $RUNS/figure-7-8 --quiet;
+                    zoo sweep sweeps/figure-14-16.toml --out $RUNS/figure-14-16 --quiet"
   start figure-1c  "for f in 2 5 10 20; do zoo sweep sweeps/gd-ssm-feature-dim-paper.toml --seeds 0 1 2 3 4 --set task.d_x=\$f --set task.n_context=\$f --out $RUNS/figure-1c-paper --quiet; done"
   sleep ${2:-60}; tail -n 3 $RUNS/*.log
   ;;
