@@ -3,11 +3,11 @@
 # yet): teacher-student d = 4 at 1M steps with the paper's ν lr and with 10× it (reports/zucchet-2023/table-1.md),
 # Table 2 with four seeds (table-2.md), Figure 5 over the full size grid (figure-5.md), the context-size
 # rows (reports/blogpost-2024/figure-9.md), the GD-SSM baselines, feature dimension and sine waves
-# (reports/sushma-tian-2024/), Sushma's Figure 1.C at the paper's recipe with N = N_x, and Zucchet's
+# (reports/sushma-tian-2024/), Sushma's Figures 1.C (N = N_x) and 2.C (n_o = f) at the paper's recipe, Zucchet's
 # Figures 3.A and 4.A (sweeps/figure-3a.toml, figure-4a.toml), and the blogpost's depth sweeps of
 # Figures 7–8 and 14–16.
 # From the repo root, stage by stage:
-#   launch    five sweep processes in the background (setsid), logs in /tmp/gpu-runs
+#   launch    the sweep processes in the background (setsid), logs in /tmp/gpu-runs
 #   status    each ensemble's step (from its resumable state), the logs' tails, GPU use
 #   collect   the finished checkpoints (no training states) as $OUT/runs.tar.gz
 # Needs the wheels in .whl (pydantic, datasets; see /work/.library/device/README.md).
@@ -38,6 +38,7 @@ launch)
                     zoo sweep sweeps/figure-4a.toml --out $RUNS/figure-4a --quiet"
   start blogpost   "zoo sweep sweeps/figure-7-8.toml --out $RUNS/figure-7-8 --quiet;
                     zoo sweep sweeps/figure-14-16.toml --out $RUNS/figure-14-16 --quiet"
+  start figure-2c  "for f in 2 10 20; do zoo sweep sweeps/gd-ssm-nd-feature-dim.toml --seeds 0 1 2 3 4 --set task.d_x=\$f --set task.d_y=\$f --set arch.value_dim=\$f --set arch.key_dim=\$f --out $RUNS/figure-2c --quiet; done"
   start figure-1c  "for f in 2 5 10 20; do zoo sweep sweeps/gd-ssm-feature-dim-paper.toml --seeds 0 1 2 3 4 --set task.d_x=\$f --set task.n_context=\$f --out $RUNS/figure-1c-paper --quiet; done"
   sleep ${2:-60}; tail -n 3 $RUNS/*.log
   ;;
