@@ -99,6 +99,14 @@ def run_line(row: dict) -> str:
     return re.sub(r"--seed\d+", "", row["model"])
 
 
+def _by_run_line(rows: list[dict]) -> list[tuple[str, list[dict]]]:
+    """Rows grouped by their run less its seed, in natural order of the run."""
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(run_line(r), []).append(r)
+    return sorted(groups.items(), key=lambda kv: _natural(kv[0]))
+
+
 def _mean_std_of(values: list[float]) -> str:
     if len(values) == 1:
         return f"{values[0]:.4g}"
@@ -114,15 +122,13 @@ SEED_COLUMNS = {  # key → (label, how to read it from a row)
 
 def _seed_table(rows: list[dict]) -> list[str]:
     """Mean ± std (sample std, n − 1) over the runs that differ only in their seed."""
-    groups: dict[str, list[dict]] = {}
-    for r in rows:
-        groups.setdefault(run_line(r), []).append(r)
-    if not any(len(g) > 1 for g in groups.values()) and not any("weights_vs_construction" in r for r in rows):
+    groups = _by_run_line(rows)
+    if not any(len(g) > 1 for _, g in groups) and not any("weights_vs_construction" in r for r in rows):
         return []
     keys = [k for k, (_, get) in SEED_COLUMNS.items() if any(get(r) is not None for r in rows)]
     lines = ["## mean ± std over seeds", "", "| run | seeds | steps | " + " | ".join(SEED_COLUMNS[k][0] for k in keys) + " |",
              "|" + "---|" * (len(keys) + 3)]
-    for line, group in sorted(groups.items(), key=lambda kv: _natural(kv[0])):
+    for line, group in groups:
         cells = []
         for k in keys:
             values = [v for v in map(SEED_COLUMNS[k][1], group) if v is not None]
@@ -141,10 +147,7 @@ def _input_scale_table(rows: list[dict]) -> list[str]:
              "Inputs x ~ U(−α·a, α·a) for the task's a; 2000 tasks drawn from seed 0, the same for every model "
              "(zoo.evaluate.input_scale_curve); GD keeps the training distribution's η.", "",
              "| run | seeds | " + " | ".join(f"α = {_fmt(a)}" for a in scales) + " |", "|" + "---|" * (len(scales) + 2)]
-    groups: dict[str, list[dict]] = {}
-    for r in rows:
-        groups.setdefault(run_line(r), []).append(r)
-    for line, group in sorted(groups.items(), key=lambda kv: _natural(kv[0])):
+    for line, group in _by_run_line(rows):
         cells = [_mean_std_of([r["input_scale_curve"][i]["test_loss"] for r in group]) for i in range(len(scales))]
         lines.append(f"| {line} | {len(group)} | " + " | ".join(cells) + " |")
         gd = [_fmt(p["gd_loss"]) for p in group[0]["input_scale_curve"]]
@@ -158,12 +161,9 @@ def _input_scale_figure(rows: list[dict], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    groups: dict[str, list[dict]] = {}
-    for r in rows:
-        if "input_scale_curve" in r:
-            groups.setdefault(run_line(r), []).append(r)
+    groups = _by_run_line([r for r in rows if "input_scale_curve" in r])
     scales = []
-    for i, (line, group) in enumerate(sorted(groups.items())):
+    for i, (line, group) in enumerate(groups):
         scales = [p["input_scale"] for p in group[0]["input_scale_curve"]]
         for j, r in enumerate(group):
             ax.plot(scales, [p["test_loss"] for p in r["input_scale_curve"]], color=f"C{i}", marker="o", ms=3, lw=1,
