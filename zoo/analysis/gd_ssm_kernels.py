@@ -146,7 +146,6 @@ def compare_with_construction(model: GDSSM, task, eta: float | None = None) -> d
     if not isinstance(model, GDSSM) or not isinstance(task, LinearRegressionTask):
         raise ValueError(f"weights against the construction: defined for a GD-SSM on in-context regression, "
                          f"not a {type(model).__name__} on {type(task).__name__}")
-    kernels(model)  # one linear layer on the raw tokens, or a clear error
     reference = copy.deepcopy(model).double()
     construct_gd_ssm(reference, task.layout, task.d_x, task.d_y, task.analytic_eta() if eta is None else eta)
     return compare(model, reference, active_coefficients(model, task))
