@@ -10,18 +10,17 @@ the rounding of batched kernels differs (tested to tolerance on CPU).
 `data="shared"` instead draws one batch of E × B tasks from a single generator (one sampling
 call per step: faster, but members no longer match their solo runs).
 
-`compiled=True` (CPU) runs the vmapped loss and its backward, and the AdamW update, through
-torch.compile, as `zoo.train.step_functions` does for one model.
-
-The run folder holds the same resumable safetensors state as `train` (the stacked weights,
-AdamW moments and every member's generator), so an interrupted ensemble resumes.
+The training loop is `zoo.train.fit`, the one `train` runs: this module only supplies the
+vmapped step (a `zoo.train.Step`), eager or with `compiled=True` through torch.compile, and
+the run folder holds the same resumable safetensors state (the stacked weights, AdamW moments
+and every member's generator), so an interrupted ensemble resumes.
 
 On a CUDA device the step (sampling, forward, backward, clipping, lr schedule, AdamW) is
-captured once as a CUDA graph and replayed: one launch per step instead of hundreds, and no
-host synchronisation between evaluations. The members' generators are registered with the
-graph, so each replay draws exactly what the eager step would; the lr comes from a schedule
-table indexed on the device. Non-finite losses are then caught at the next evaluation or
-checkpoint boundary (the state saved before them is kept), not at the step they occur.
+captured once as a CUDA graph and replayed (`GraphedStep`): one launch per step instead of
+hundreds, and no host synchronisation between evaluations. The members' generators are
+registered with the graph, so each replay draws exactly what the eager step would; the lr comes
+from a schedule table indexed on the device. Non-finite losses are then caught at the next
+evaluation or checkpoint boundary (the state saved before them is kept), not at the step they occur.
 """
 
 from __future__ import annotations
@@ -33,10 +32,8 @@ from pathlib import Path
 import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
-from tqdm.auto import tqdm
 
-from zoo.train import (STATE_FILE, StepClock, TrainingDiverged, last_saved_step, default_device, load_state, lr_factor,
-                        make_optimizer, optimizer_update, save_state)
+from zoo.train import Step, default_device, fit, lr_factor, make_optimizer
 
 WARMUP_STEPS = 5  # steps left out of the measured rate: compilation, or a CUDA graph's 3 eager steps and its capture
 
@@ -109,149 +106,85 @@ def train_ensemble(make_model, task, recipe, seeds: list[int], *, run_dir: Path,
     params, buffers = stack_module_state(members)
     stacked = StackedParameters(members[0], params).to(device)
     opt = make_optimizer(stacked, recipe, capturable=graphed, tensor_lr=compiled)
-    peak_lrs = [float(g["lr"]) for g in opt.param_groups]
     generators = [torch.Generator(device=device).manual_seed(s) for s in (seeds if data == "per_member" else seeds[:1])]
-    run_dir = Path(run_dir)
-    start, history = 0, []
-    if (run_dir / STATE_FILE).exists():
-        start, history = load_state(run_dir, stacked, opt, generators)
+    E, B = len(seeds), recipe.batch_size
 
     def member_loss(p, b, tokens, targets):
         return task.loss(base.readout(functional_call(base, (p, b), (tokens,))), targets)
 
-    batched_loss = vmap(member_loss)
-    if compiled:
-        torch.compiler.reset()  # a fresh cache per run (see zoo.train.step_functions)
-        batched_loss = torch.compile(batched_loss, dynamic=False)
-    E, B = len(seeds), recipe.batch_size
-    val = None
-    if validation_batch is not None:
-        val = (validation_batch.tokens.to(device), validation_batch.targets.to(device))
-    running = torch.zeros(E, device=device)  # summed training losses since the last record
+    def loss(tokens, targets):  # tokens (E, B, T, d_in): each member its own batch → (E,)
+        return vmap(member_loss)(stacked.by_name(), buffers, tokens, targets)
 
-    def forward_backward():
-        tokens, targets = _sample(task, generators, E, B)
-        losses = batched_loss(stacked.by_name(), buffers, tokens, targets)  # (E,)
-        losses.sum().backward()  # members are independent: each gets its own gradient
-        if recipe.grad_clip:
-            _clip_per_member(stacked, recipe.grad_clip)
-        running.add_(losses.detach())
-        return losses
+    def validation_loss(tokens, targets):  # the shared split, tokens (N, T, d_in) → (E,)
+        return vmap(member_loss, in_dims=(0, 0, None, None))(stacked.by_name(), buffers, tokens, targets)
 
-    if graphed:
-        advance = _GraphedStep(forward_backward, opt, generators, peak_lrs,
-                               [lr_factor(s, recipe, total) for s in range(total)], start)
-    else:
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, recipe, total), last_epoch=start - 1)
-        step_optimizer = optimizer_update(opt, compiled=compiled)  # clipping is in forward_backward
+    def clip():
+        _clip_per_member(stacked, recipe.grad_clip)
 
-        def advance(step):
-            opt.zero_grad(set_to_none=True)
-            losses = forward_backward()
-            if not torch.isfinite(losses).all():
-                bad = [seeds[i] for i in torch.nonzero(~torch.isfinite(losses)).flatten().tolist()]
-                raise TrainingDiverged(f"loss of member(s) with seed {bad} is not finite at step {step}; the last "
-                                       f"good ensemble state (step {last_saved_step(run_dir)}) is kept in {run_dir}")
-            step_optimizer()
-            sched.step()
-
-    stop = total if until is None else min(until, total)
-    count, step, clock = 0, start, StepClock(start, WARMUP_STEPS, device)
-    bar = tqdm(total=total, initial=start, disable=not progress, desc=f"train ×{E}", unit="step", dynamic_ncols=True)
-    try:
-        for step in range(start, stop):
-            clock.tick(step)
-            advance(step)
-            count += 1
-            done = step + 1
-            is_eval = done % recipe.eval_every == 0 or done == total
-            is_checkpoint = done % recipe.checkpoint_every == 0 or done == stop
-            if not (is_eval or is_checkpoint):
-                bar.update(1)
-                continue
-            _check_finite(stacked, running, seeds, done, run_dir)
-            if is_eval:
-                record = {"step": done, "train_loss": (running / count).tolist(),
-                          "lr": peak_lrs[0] * lr_factor(done, recipe, total)}  # the next step's, as in `train`
-                running.zero_()
-                count = 0
-                if val is not None:
-                    with torch.no_grad():
-                        record["val_loss"] = vmap(member_loss, in_dims=(0, 0, None, None))(
-                            stacked.by_name(), buffers, *val).tolist()
-                history.append(record)
-                bar.set_postfix({"mean_loss": f"{sum(record['train_loss']) / E:.4g}"})
-            if is_checkpoint:
-                save_state(run_dir, stacked, opt, generators, done, history)
-            bar.update(1)
-    except KeyboardInterrupt:
-        bar.close()
-        raise KeyboardInterrupt(f"interrupted at step {step}; the ensemble state of step {last_saved_step(run_dir)} is in "
-                                f"{run_dir}: run the same command again to resume") from None
-    bar.close()
-    return EnsembleResult(models=unstack(members[0], stacked, E), steps=max(start, stop), history=history,
-                          steps_per_second=clock.rate(stop))
+    step = (GraphedStep if graphed else Step)(
+        stacked, opt, recipe, generators, sample=lambda: _sample(task, generators, E, B), loss=loss,
+        validation_loss=validation_loss, clip=clip if recipe.grad_clip else None, seeds=list(seeds), compiled=compiled,
+        warmup=WARMUP_STEPS)
+    run = fit(step, recipe, run_dir=run_dir, total=total, until=until, validation_batch=validation_batch,
+              progress=progress)
+    return EnsembleResult(models=unstack(members[0], stacked, E), steps=run.steps, history=run.history,
+                          steps_per_second=run.steps_per_second)
 
 
-class _GraphedStep:
+class GraphedStep(Step):
     """One optimiser step captured as a CUDA graph (PyTorch's whole-network capture recipe).
 
-    The first `warmup` calls run eagerly on a side stream (they are real training steps; they
+    The first `eager_calls` calls run eagerly on a side stream (they are real training steps; they
     also create AdamW's state and the autograd/cuBLAS workspaces the capture must not allocate),
-    the next call captures, and every call from then on is one `replay()`. Gradients are set to
-    None before the capture, so the captured backward writes them rather than accumulating."""
+    the next call captures, and every call from then on is one `replay()`. Gradients are None
+    when the capture starts, so the captured backward writes them rather than accumulating. The lr
+    comes from a schedule table indexed on the device (the host steps no scheduler), and the loop
+    checks the losses only at its eval/checkpoint steps: a check per step would wait on the device."""
 
-    def __init__(self, forward_backward, opt, generators: list[torch.Generator], peak_lrs: list[float],
-                 schedule: list[float], start: int, warmup: int = 3):
+    checks_each_step = False
+    eager_calls = 3
+
+    def begin(self, start: int, total: int) -> None:
         if not hasattr(torch.cuda.CUDAGraph, "register_generator_state"):
             raise RuntimeError(f"torch {torch.__version__} cannot capture a step that draws from its own generators "
                                "(CUDAGraph.register_generator_state is missing); pass cuda_graph=False")
-        self.forward_backward, self.opt, self.generators, self.warmup = forward_backward, opt, generators, warmup
-        device = opt.param_groups[0]["lr"].device
-        self.schedule = torch.tensor(schedule + [schedule[-1]], device=device)  # lr factor per step
-        self.peaks = torch.tensor(peak_lrs, device=device)
+        device = self.opt.param_groups[0]["lr"].device
+        schedule = [lr_factor(s, self.recipe, total) for s in range(total)]
+        self.schedule = torch.tensor(schedule + schedule[-1:], device=device)  # lr factor per step
+        self.peaks = torch.tensor(self.peak_lrs, device=device)  # (groups,)
         self.step_index = torch.tensor([start], device=device)
-        self.graph, self.calls = None, 0
-        self._side = torch.cuda.Stream(device)
-        self._side.wait_stream(torch.cuda.current_stream(device))
+        self.graph, self.calls, self.side = None, 0, torch.cuda.Stream(device)
 
-    def _body(self):
-        self.forward_backward()
+    def _body(self) -> torch.Tensor:
+        losses = self.forward_backward()
         lrs = self.peaks * self.schedule.index_select(0, self.step_index)  # (groups,)
         for i, group in enumerate(self.opt.param_groups):
             group["lr"].copy_(lrs[i])
-        self.opt.step()
+        self.update()
         self.step_index.add_(1)
+        return losses
 
-    def __call__(self, step: int) -> None:
+    def __call__(self, step: int) -> torch.Tensor:
         if self.graph is not None:
             self.graph.replay()
-            return
-        if self.calls < self.warmup:
-            with torch.cuda.stream(self._side):
-                self.opt.zero_grad(set_to_none=True)
-                self._body()
+            return self.losses  # the graph's output tensor, rewritten by each replay
+        current = torch.cuda.current_stream()
+        self.side.wait_stream(current)  # after the loop's use of the previous step's losses
+        if self.calls < self.eager_calls:
+            with torch.cuda.stream(self.side):
+                losses = self._body()
             self.calls += 1
-            return
-        torch.cuda.current_stream().wait_stream(self._side)
+            current.wait_stream(self.side)  # the loop reads the losses on the current stream
+            return losses
+        current.wait_stream(self.side)
         self.opt.zero_grad(set_to_none=True)
         self.graph = torch.cuda.CUDAGraph()
         for generator in self.generators:
             self.graph.register_generator_state(generator)
         with torch.cuda.graph(self.graph):
-            self._body()
+            self.losses = self._body()
         self.graph.replay()  # the capture itself ran nothing
-
-
-def _check_finite(stacked, running: torch.Tensor, seeds: list[int], step: int, run_dir: Path) -> None:
-    """Raise (saving nothing) if a member's recent losses or its weights are not finite."""
-    bad = ~torch.isfinite(running)
-    for p in stacked.parameters():
-        bad |= ~torch.isfinite(p.detach().reshape(len(seeds), -1)).all(1)
-    if bad.any():
-        members = [seeds[i] for i in torch.nonzero(bad).flatten().tolist()]
-        raise TrainingDiverged(f"member(s) with seed {members} went non-finite by step {step}; the last good "
-                               f"ensemble state (step {last_saved_step(run_dir)}) is kept in {run_dir}")
+        return self.losses
 
 
 def _sample(task, generators, E: int, B: int):

@@ -4,6 +4,11 @@ resumable training state (safetensors, never pickle), and a NaN guard.
 The run directory holds `train_state.safetensors` (weights, AdamW moments, the data
 generator's RNG state) and `train_state.json` (step, history). Re-running the same command
 after an interruption resumes from it and gives the same weights as an uninterrupted run.
+
+One loop, `fit`, trains one model (`train`) and a vmapped ensemble of seeds (zoo/ensemble.py)
+alike: resume, eval and checkpoint cadence, history rows, progress, the Ctrl-C message and the
+divergence checks live there; what a step computes (one model, E stacked members, eager,
+compiled or replayed as a CUDA graph) is a `Step` handed to it.
 """
 
 from __future__ import annotations
@@ -152,11 +157,6 @@ def _load_state(run_dir: Path, model, opt, generator) -> tuple[int, list[dict]]:
     return meta["step"], meta["history"]
 
 
-def _params_finite(model) -> bool:
-    """No NaN anywhere, and every trained parameter finite. A frozen parameter may hold ±inf on
-    purpose: a construction's log-parametrised λ = 1 is ν = −inf (GD-SSM), and training never moves it."""
-    return all(not torch.isnan(p).any() and (not p.requires_grad or torch.isfinite(p).all())
-               for p in model.parameters())
 
 
 class StepClock:
@@ -182,29 +182,60 @@ class StepClock:
 
 
 # ---------------------------------------------------------------- the step
-def step_functions(model, task, recipe, opt, *, compiled: bool = False):
-    """(loss_of(tokens, targets) -> loss, update()): one training step is `loss_of`, a finiteness
-    check, `backward`, then `update` (gradient clipping and the optimiser step).
+class Step:
+    """One optimiser step of what `fit` trains: one model (`train`), or E members stacked on a leading
+    axis and vmapped (zoo/ensemble.py). The loop around it is the same for both; what differs is
+    handed in: `sample()` draws a step's (tokens, targets) from `generators`, `loss(tokens, targets)`
+    is the training loss (one model: 0-d; E members: (E,)), `validation_loss` the same on the shared
+    validation split, `clip()` clips the gradients. `module`, `opt` and `generators` are what the run
+    folder saves and restores. `seeds` names an ensemble's members (None: one model).
 
-    `compiled=True` runs both through `torch.compile` (inductor: on a CPU, generated C++ loops
-    that fuse the elementwise work of forward, backward and AdamW; the optimiser needs
-    `make_optimizer(tensor_lr=True)`). Sampling stays eager: it draws from an explicit
-    generator, so a compiled run sees exactly the eager run's data, and its losses equal the
-    eager ones to rounding (tests/test_train.py). Compiling costs ~10–60 s once per run, so it
-    pays on long runs only: `zoo build --compile`, and `zoo release build` (default there)."""
+    A step runs eagerly, or with `compiled=True` its loss (forward, and so its backward) and its
+    update (clipping + the optimiser step) go through torch.compile (inductor: on a CPU, generated C++
+    loops that fuse the elementwise work of forward, backward and AdamW; the optimiser needs
+    `make_optimizer(tensor_lr=True)`). Sampling stays eager: it draws from explicit generators, so a
+    compiled run sees exactly the eager run's data, and its losses equal the eager ones to rounding
+    (tests/test_train.py). Compiling costs ~10–60 s once per run, so it pays on long runs only:
+    `zoo build --compile`, and `zoo release build` (default there). A step replayed as a CUDA graph
+    is a subclass (zoo.ensemble.GraphedStep). Models that cannot be vmapped or compiled (fused
+    LSTM/GRU kernels) take the eager step."""
 
-    def loss_of(tokens, targets):
-        return task.loss(model.predict(tokens), targets)
+    checks_each_step = True  # the loop checks every step's losses (a graph replay: only at eval/checkpoint steps)
 
-    def clip():
-        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+    def __init__(self, module: torch.nn.Module, opt, recipe, generators: torch.Generator | list[torch.Generator], *,
+                 sample, loss, validation_loss, clip=None, seeds: list[int] | None = None, compiled: bool = False,
+                 warmup: int = WARMUP_STEPS):
+        self.module, self.opt, self.recipe, self.generators = module, opt, recipe, generators
+        self.sample, self.validation_loss, self.seeds, self.warmup = sample, validation_loss, seeds, warmup
+        self.members = 1 if seeds is None else len(seeds)
+        self.peak_lrs = [float(g["lr"]) for g in opt.param_groups]  # read before a resumed state replaces the lrs
+        if compiled:
+            # A fresh cache per run: guards on the previous run's model would pile up to the recompile limit
+            # (and the step would fall back to eager). This drops every compiled function of the process.
+            torch.compiler.reset()
+            loss = torch.compile(loss, dynamic=False)
+        self.loss = loss
+        self.update = optimizer_update(opt, clip, compiled=compiled)
 
-    if compiled:
-        # A fresh cache per run: guards on the previous run's model would pile up to the recompile limit
-        # (and the step would fall back to eager). This drops every compiled function of the process.
-        torch.compiler.reset()
-        loss_of = torch.compile(loss_of, dynamic=False)
-    return loss_of, optimizer_update(opt, clip if recipe.grad_clip else None, compiled=compiled)
+    def begin(self, start: int, total: int) -> None:
+        """Called once before the first step of a call: `start` (> 0 when resumed) of a `total`-step schedule."""
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_factor(s, self.recipe, total),
+                                                       last_epoch=start - 1)
+
+    def forward_backward(self) -> torch.Tensor:
+        """Draw a batch, compute the loss and its gradients; returns the losses (E,), detached."""
+        tokens, targets = self.sample()
+        losses = self.loss(tokens, targets)
+        self.opt.zero_grad(set_to_none=True)
+        losses.sum().backward()  # the members are independent: each gets its own gradient
+        return losses.detach().reshape(self.members)
+
+    def __call__(self, step: int) -> torch.Tensor:
+        """Run optimiser step number `step`; returns the losses (E,) computed before the update."""
+        losses = self.forward_backward()
+        self.update()
+        self.sched.step()
+        return losses
 
 
 def can_compile(device: torch.device | str = "cpu") -> bool:
@@ -240,7 +271,89 @@ def optimizer_update(opt, clip=None, *, compiled: bool = False):
     return run
 
 
-# ---------------------------------------------------------------- loop
+# ---------------------------------------------------------------- the loop
+def fit(step: Step, recipe, *, run_dir: Path, total: int, until: int | None = None, validation_batch=None,
+        progress: bool = True) -> TrainResult:
+    """The training loop of one model and of an ensemble alike: resume from `run_dir`'s state, run
+    `step` up to `until` (default: the end of the `total`-step schedule), record the mean training
+    loss (and the validation loss) every `recipe.eval_every` steps, save the state every
+    `recipe.checkpoint_every` steps and at the stop, and stop with TrainingDiverged before a
+    non-finite loss or weight is recorded or saved (the state on disk stays the last good one)."""
+    run_dir = Path(run_dir)
+    device = next(step.module.parameters()).device
+    start, history = 0, []
+    if (run_dir / STATE_FILE).exists():
+        start, history = load_state(run_dir, step.module, step.opt, step.generators)
+    step.begin(start, total)
+    val = None
+    if validation_batch is not None:
+        val = (validation_batch.tokens.to(device), validation_batch.targets.to(device))
+    # a history row holds one number per metric for one model, a list (one per member) for an ensemble
+    row_value = (lambda t: t.item()) if step.seeds is None else (lambda t: t.tolist())
+    stop = total if until is None else min(until, total)
+    running, count = torch.zeros(step.members, dtype=torch.float64, device=device), 0  # losses summed since the last row
+    desc = "train" if step.seeds is None else f"train ×{step.members}"
+    bar = tqdm(total=total, initial=start, disable=not progress, desc=desc, unit="step", dynamic_ncols=True)
+    at, clock = start, StepClock(start, step.warmup, device)
+    try:
+        for at in range(start, stop):
+            clock.tick(at)
+            losses = step(at)  # (E,)
+            if step.checks_each_step:
+                _stop_if(~torch.isfinite(losses), step, run_dir, "the loss", f"is not finite at step {at}")
+            running += losses
+            count += 1
+            done = at + 1
+            is_eval = done % recipe.eval_every == 0 or done == total
+            is_checkpoint = done % recipe.checkpoint_every == 0 or done == stop
+            if not (is_eval or is_checkpoint):
+                bar.update(1)
+                continue
+            _stop_if(~torch.isfinite(running) | _nonfinite_weights(step, device), step, run_dir, "the loss or weights",
+                     f"are NaN/inf after {'the last step' if done == total else f'step {done}'}")
+            if is_eval:
+                record = {"step": done, "train_loss": row_value(running / count),
+                          "lr": step.peak_lrs[0] * lr_factor(done, recipe, total)}  # the lr of the next step
+                running.zero_()
+                count = 0
+                if val is not None:
+                    with torch.no_grad():
+                        record["val_loss"] = row_value(step.validation_loss(*val).reshape(step.members))
+                history.append(record)
+                bar.set_postfix({k: f"{(sum(v) / len(v) if isinstance(v, list) else v):.4g}"  # an ensemble's mean
+                                 for k, v in record.items() if k != "step"})
+            if is_checkpoint:
+                save_state(run_dir, step.module, step.opt, step.generators, done, history)
+            bar.update(1)
+    except KeyboardInterrupt:
+        bar.close()
+        raise KeyboardInterrupt(
+            f"interrupted at step {at}; the training state of step {last_saved_step(run_dir)} is in {run_dir}: "
+            "run the same command again to resume"
+        ) from None
+    bar.close()
+    return TrainResult(steps=max(start, stop), history=history, resumed_from=start, steps_per_second=clock.rate(stop))
+
+
+def _nonfinite_weights(step: Step, device) -> torch.Tensor:
+    """(E,) which members hold a NaN anywhere, or a trained parameter ±inf. A frozen parameter may hold
+    ±inf on purpose: a construction's log-parametrised λ = 1 is ν = −inf (GD-SSM), and training never moves it."""
+    bad = torch.zeros(step.members, dtype=torch.bool, device=device)
+    for p in step.module.parameters():
+        rows = p.detach().reshape(step.members, -1)  # one row per member (stacked on axis 0); one model: one row
+        bad |= (~torch.isfinite(rows) if p.requires_grad else rows.isnan()).any(1)
+    return bad
+
+
+def _stop_if(bad: torch.Tensor, step: Step, run_dir: Path, subject: str, problem: str) -> None:
+    """Raise TrainingDiverged if any member is flagged in `bad` (E,), naming an ensemble's members by seed."""
+    if not bad.any():
+        return
+    who = "" if step.seeds is None else f" of member(s) with seed {[step.seeds[i] for i in bad.nonzero().flatten().tolist()]}"
+    raise TrainingDiverged(f"{subject}{who} {problem}; stopped. The last good training state "
+                           f"(step {last_saved_step(run_dir)}) is kept in {run_dir}")
+
+
 def train(
     model,
     task,
@@ -255,68 +368,26 @@ def train(
     compiled: bool = False,
 ) -> TrainResult:
     """Train `model` on fresh batches of `task` with `recipe` (resuming from `run_dir` if it holds
-    a state); `compiled=True` runs the step through torch.compile (see `step_functions`)."""
+    a state); `compiled=True` runs the step through torch.compile (see `Step`)."""
     device = torch.device(device) if device else default_device()
-    total = steps or recipe.steps
     seed = recipe.seed if seed is None else seed
     model.to(device)
-    opt = make_optimizer(model, recipe, tensor_lr=compiled)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, recipe, total))
     generator = torch.Generator(device=device).manual_seed(seed)
-    run_dir = Path(run_dir)
 
-    start, history = 0, []
-    if (run_dir / STATE_FILE).exists():
-        start, history = load_state(run_dir, model, opt, generator)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, recipe, total), last_epoch=start - 1)
-    resumed_from = start
-    val = None
-    if validation_batch is not None:
-        val = (validation_batch.tokens.to(device), validation_batch.targets.to(device))
+    def sample():
+        batch = task.sample(recipe.batch_size, generator=generator)
+        return batch.tokens, batch.targets
 
-    loss_of, update = step_functions(model, task, recipe, opt, compiled=compiled)
-    bar = tqdm(total=total, initial=start, disable=not progress, desc="train", unit="step", dynamic_ncols=True)
-    running, count = 0.0, 0
-    step, clock = start, StepClock(start, WARMUP_STEPS, device)
-    try:
-        for step in range(start, total):
-            clock.tick(step)
-            batch = task.sample(recipe.batch_size, generator=generator)
-            loss = loss_of(batch.tokens, batch.targets)
-            if not torch.isfinite(loss):
-                raise TrainingDiverged(
-                    f"loss is {loss.item()} at step {step}; stopped. The last good training state "
-                    f"(step {last_saved_step(run_dir)}) is kept in {run_dir}"
-                )
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            update()
-            sched.step()
-            running += loss.item()
-            count += 1
-            done = step + 1
-            if done % recipe.eval_every == 0 or done == total:
-                record = {"step": done, "train_loss": running / count, "lr": float(sched.get_last_lr()[0])}
-                running, count = 0.0, 0
-                if val is not None:
-                    with torch.no_grad():
-                        record["val_loss"] = task.loss(model.predict(val[0]), val[1]).item()
-                history.append(record)
-                bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k != "step"})
-            if (done % recipe.checkpoint_every == 0 or done == total) and _params_finite(model):
-                save_state(run_dir, model, opt, generator, done, history)
-            bar.update(1)
-    except KeyboardInterrupt:
-        bar.close()
-        raise KeyboardInterrupt(
-            f"interrupted at step {step}; the state of step {last_saved_step(run_dir)} is in {run_dir}: "
-            "run the same command again to resume"
-        ) from None
-    bar.close()
-    if not _params_finite(model):  # the loss of the last step was finite, its update was not
-        raise TrainingDiverged(f"the weights are NaN/inf after the last step ({total}); the last good training state "
-                               f"(step {last_saved_step(run_dir)}) is kept in {run_dir}")
-    return TrainResult(steps=total, history=history, resumed_from=resumed_from, steps_per_second=clock.rate(total))
+    def loss(tokens, targets):  # tokens (B, T, d_in) → ()
+        return task.loss(model.predict(tokens), targets)
+
+    def clip():
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+
+    step = Step(model, make_optimizer(model, recipe, tensor_lr=compiled), recipe, generator, sample=sample, loss=loss,
+                validation_loss=loss, clip=clip if recipe.grad_clip else None, compiled=compiled)
+    return fit(step, recipe, run_dir=run_dir, total=steps or recipe.steps, validation_batch=validation_batch,
+               progress=progress)
 
 
 def last_saved_step(run_dir: Path) -> int | str:
