@@ -1,6 +1,6 @@
 """ONNX export of zoo models and the constant-memory streaming runtime."""
 
-from export.onnx_export import (
+from icl_zoo_export.onnx_export import (
     CHUNK_FILE,
     OPSET,
     SEQUENCE_FILE,
@@ -11,7 +11,7 @@ from export.onnx_export import (
     export_step,
     scan_step_graph,
 )
-from export.streaming import StreamError, StreamingSession
+from icl_zoo_export.streaming import StreamError, StreamingSession
 
 __all__ = [
     "CHUNK_FILE", "OPSET", "SEQUENCE_FILE", "STEP_FILE", "StreamError", "StreamingSession",

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from export.onnx_export import CHUNK_FILE, STEP_FILE
+from icl_zoo_export.onnx_export import CHUNK_FILE, STEP_FILE
 
 CHUNK = 1024  # most tokens per run of a chunk graph valid for any T: its outputs are buffered, the state is not
 # The parallel chunk graph does O(T log T) work per stream against the scanned step graph's O(T):
@@ -166,7 +166,7 @@ class StreamingSession:
             else:
                 import onnx
 
-                from export.onnx_export import scan_step_graph
+                from icl_zoo_export.onnx_export import scan_step_graph
 
                 graph = scan_step_graph(onnx.load(str(self.path)))
                 session = ort.InferenceSession(graph.SerializeToString(), self._options, providers=self._providers)

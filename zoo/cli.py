@@ -266,8 +266,8 @@ def cmd_stream(args) -> int:
     (CSV rows or JSON lists, a file or stdin) line by line, each output written as its token arrives."""
     import numpy as np
 
-    from export import StreamingSession
-    from export.token_io import OutputWriter, is_array_file, iter_array_chunks, iter_lines, open_text
+    from icl_zoo_export import StreamingSession
+    from icl_zoo_export.token_io import OutputWriter, is_array_file, iter_array_chunks, iter_lines, open_text
 
     session = StreamingSession(args.path, revision=args.revision, endpoint=args.endpoint)
     select = (lambda out: out) if args.raw else session.predict

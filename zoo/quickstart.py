@@ -27,7 +27,7 @@ def run_release(out: Path, entry: str = RELEASE_DEMO_ENTRY) -> dict:
     import torch
 
     import zoo
-    from export import StreamingSession
+    from icl_zoo_export import StreamingSession
     from zoo import hub, release
     from zoo.evaluate import rescore
     from zoo.tasks.frozen import load_split_from_hub

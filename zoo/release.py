@@ -605,7 +605,7 @@ def refresh_release(root: Path | None = None, *, only: list[str] | None = None, 
         verify_folder(root / name, row)
         ckpt = read_checkpoint(root / name)
         if graphs:  # in a staged copy swapped in whole: an interrupted refresh leaves the release as it was
-            from export import export_checkpoint_graphs
+            from icl_zoo_export import export_checkpoint_graphs
 
             staged = _staging(root, name)
             for path in sorted((root / name).iterdir()):
