@@ -10,7 +10,8 @@ from zoo.models import NotRecurrentError, create_model
 from zoo.models.griffin import LocalAttentionBlock
 from zoo.models.lru import LRUBlock, S5Block
 from zoo.models.mamba import MambaBlock
-from zoo.registry import RecurrentStackArch, TransformerArch
+from zoo.models.stack import RecurrentStackArch
+from zoo.models.transformer import TransformerArch
 from zoo.tasks.regression import LinearRegressionTask
 
 TASK = LinearRegressionTask(d_x=3, d_y=2, n_context=9)
@@ -142,8 +143,8 @@ def test_lru_ring_init_radius():
 def test_lstm_construction_approaches_the_lsa_as_epsilon_shrinks():
     """Table 4: relative error O(ε²) in float64 (measured 1.1e-1, 1.2e-2, 1.3e-3, 1.2e-4, 1.3e-5
     for ε = 0.1 … 0.001 on this LSA)."""
-    from zoo.constructions.lstm_from_lsa import lstm_from_lsa, lstm_width
-    from zoo.constructions.rnn_from_lsa import lsa_weights
+    from zoo.models.stack import lstm_from_lsa, lstm_width
+    from zoo.models.lsa import lsa_weights
     from zoo.models.lsa import LinearSelfAttention
     from zoo.registry import get_task_spec
 

@@ -8,7 +8,8 @@ from zoo.analysis.polynomial import (
 )
 from zoo.analysis.rnn import active_neurons, imperfect_memory_effect, kv_q_scores, memory_leak, prune
 from zoo.constructions import construct_gd_lsa
-from zoo.constructions.rnn_from_lsa import lsa_weights, rnn_from_lsa
+from zoo.models.gated_rnn import rnn_from_lsa
+from zoo.models.lsa import lsa_weights, teacher_lsa
 from zoo.models.gated_rnn import GatedLinearRNN
 from zoo.models.lsa import LinearSelfAttention
 from zoo.models.scan import last_state, parallel_scan, scan, sequential_scan
@@ -189,7 +190,7 @@ def padded(rnn: GatedLinearRNN, hidden: int, gates: int) -> GatedLinearRNN:
 
 def test_kv_q_scores_and_pruning():
     task = LSATeacherTask(d=4, teacher_seed=4, x_std=0.4)
-    lsa = task.teacher()
+    lsa = teacher_lsa(task)
     rnn = rnn_from_lsa(*lsa_weights(lsa), task.readout)
     scores = kv_q_scores(rnn, task.teacher_weights())
     assert scores["kv_score"] < 1e-10 and scores["q_score"] < 1e-10
@@ -223,7 +224,7 @@ def test_imperfect_memory_effect():
     """0 for the construction (every λ is exactly 0 or 1); for a neuron with λ = 0.9 that feeds
     the output it is exactly the relative change of silencing that neuron."""
     task = LSATeacherTask(d=4, teacher_seed=4, x_std=0.4)
-    rnn = rnn_from_lsa(*lsa_weights(task.teacher()), task.readout)
+    rnn = rnn_from_lsa(*lsa_weights(teacher_lsa(task)), task.readout)
     x = torch.randn(8, 32, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     assert imperfect_memory_effect(rnn, x) == 0.0
     leaky = padded(rnn, hidden=21, gates=17)
@@ -246,7 +247,7 @@ def test_memory_leak():
     """0 on the construction (λ = 1 exactly); the median over memory neurons only, so dead
     neurons and forget neurons (λ = 0) do not count; None when no neuron remembers."""
     task = LSATeacherTask(d=4, teacher_seed=4, x_std=0.4)
-    rnn = rnn_from_lsa(*lsa_weights(task.teacher()), task.readout)
+    rnn = rnn_from_lsa(*lsa_weights(teacher_lsa(task)), task.readout)
     assert memory_leak(rnn) == 0.0
     leaky = padded(rnn, hidden=24, gates=16)  # 4 dead neurons at λ = exp(−1) stay out of the median
     lam = leaky.lam()

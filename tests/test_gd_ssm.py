@@ -7,8 +7,7 @@ import pytest
 import torch
 
 import zoo
-from zoo.constructions.gd_ssm import construct_gd_ssm
-from zoo.models.gd_ssm import GDSSM
+from zoo.models.gd_ssm import GDSSM, construct_gd_ssm
 from zoo.registry import get_task_spec, list_entries
 from zoo.tasks.regression import LinearRegressionTask, gd_predict, gd_weights
 
@@ -227,7 +226,7 @@ def test_sine_tasks_are_sine_waves_in_their_ranges():
 
 
 def test_nonlinear_gd_ssm_is_not_constructible():
-    from zoo.constructions.gd_ssm import construction_problem
+    from zoo.models.gd_ssm import construction_problem
 
     dims = {"window": 3, "n_layers": 1, "value_dim": 1, "key_dim": 1, "embed": 16, "mlp": 32}
     assert "no input embedding" in construction_problem(dims, "interleaved", 1, 1)

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from zoo.analysis.gd_ssm_kernels import compare, compare_with_construction, function_tensor, kernels
-from zoo.constructions.gd_ssm import construct_gd_ssm
-from zoo.models.gd_ssm import GDSSM
+from zoo.models.gd_ssm import GDSSM, construct_gd_ssm
 from zoo.tasks.regression import LinearRegressionTask
 
 TASKS = {

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from zoo.constructions.gd import construct_gd_lsa
+from zoo.models.lsa import construct_gd_lsa
 from zoo.models import NotRecurrentError
 from zoo.models.lsa import LinearSelfAttention
 from zoo.tasks.regression import LinearRegressionTask, gd_predict

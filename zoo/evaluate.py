@@ -15,11 +15,11 @@ import torch
 from zoo.analysis.polynomial import coefficients, polynomial_distance, prediction_map, regression_coefficient_table
 from zoo.analysis.rnn import imperfect_memory_effect, kv_q_scores, memory_leak
 from zoo.models.gated_rnn import GatedLinearRNN
-from zoo.models.lsa import LinearSelfAttention
+from zoo.models.lsa import LinearSelfAttention, teacher_lsa
 from zoo.tasks.teacher import LSATeacherTask
 from zoo.tasks.regression import (
     LinearRegressionTask, TaskBatch, empirical_eta, gd_predict, gd_weights, least_squares_predict, online_gd_predict, prefix_gd_predict,
-    prefix_least_squares_predict,
+    prefix_least_squares_predict, resolve_eta,
 )
 
 CHUNK = 2500  # tasks per autograd pass: bounds memory on 10 000-task splits
@@ -68,7 +68,6 @@ def gd_reference(entry, task, construction: dict | None = None, validation_batch
     """The GD an entry is scored against: as many steps as its construction took (GD-SSM: one
     per layer, with its ridge), at the η its construction used, else the η recorded in its
     metrics, else the analytic one-step η* (one step) or a line search on the validation split."""
-    from zoo.constructions import resolve_eta
 
     if isinstance(task, LSATeacherTask):
         return {}
@@ -96,7 +95,7 @@ def evaluate_teacher_student(model, task: LSATeacherTask, batch) -> dict:
     metrics = {"test_loss": task.loss(pred, batch.targets.to(pred)).item(), "n_tasks": int(batch.tokens.shape[0])}
     if has_polynomial_map(model):
         student, _ = coefficients(prediction_map(model), task.d)
-        teacher, _ = coefficients(prediction_map(task.teacher()), task.d)
+        teacher, _ = coefficients(prediction_map(teacher_lsa(task)), task.d)
         metrics["polynomial_distance"] = polynomial_distance(student, teacher)
     if isinstance(model, GatedLinearRNN) and model.recurrence == "diagonal":
         metrics.update(kv_q_scores(model, task.teacher_weights()))

@@ -13,7 +13,16 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Literal, Union, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
+
+from zoo.models import CONSTRUCTIONS, FAMILIES, construction_problem as family_construction_problem
+from zoo.models.fast_weight import FastWeightArch
+from zoo.models.gated_rnn import GatedRNNArch
+from zoo.models.gd_ssm import GDSSMArch
+from zoo.models.lsa import LSAArch
+from zoo.models.stack import RecurrentStackArch
+from zoo.models.transformer import TransformerArch
+from zoo.schema import Strict
 
 ENTRIES_DIR = Path(__file__).parent / "entries"
 KEBAB = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
@@ -21,23 +30,6 @@ KEBAB = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 
 class RegistryError(ValueError):
     """An entry file, entry or field is invalid, or a name is unknown."""
-
-
-class Strict(BaseModel):
-    # No inf/NaN anywhere (`lr = inf` is a typo, not a recipe); unknown fields are errors.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_booleans_for_numbers(cls, data):
-        """TOML `hidden = true` would otherwise become 1."""
-        if isinstance(data, dict):
-            for key, value in data.items():
-                field = cls.model_fields.get(key)
-                if field is not None and isinstance(value, bool) and field.annotation is not bool \
-                        and bool not in get_args(field.annotation):
-                    raise ValueError(f"field '{key}': {value!r} is a boolean, not a number")
-        return data
 
 
 # ---------------------------------------------------------------------------- tasks
@@ -108,89 +100,10 @@ TaskSpec = Annotated[Union[LinearRegressionSpec, LSATeacherSpec], Field(discrimi
 
 
 # ---------------------------------------------------------------------------- architectures
-class LSAArch(Strict):
-    type: Literal["lsa"]
-    n_layers: int = Field(1, ge=1)  # distinct LSA layers
-    attention: Literal["causal", "strict_causal", "context"] = "strict_causal"  # key set, see models/lsa.py
-    loops: int = Field(1, ge=1)  # apply the layer stack K times (looped LSA)
-    damping: float = Field(1.0, ge=0)  # λ scaling every update (looped LSA needs ≈0.7–0.75)
-    init_std: float = Field(0.02, gt=0)  # N(0, init_std²) for every weight
-    residual: bool = True  # e ← e + update (von Oswald); False: e ← update (Zucchet Eq. 1)
-    constant: bool = False  # append a channel fixed at 1 to every token: affine keys/values/queries (models/lsa.py)
-
-
-class GatedRNNArch(Strict):
-    type: Literal["gated_rnn"]
-    hidden: int = Field(80, gt=0)  # recurrent neurons |h|
-    gates: int | None = Field(None, gt=0)  # output-gating neurons (default: hidden)
-    recurrence: Literal["diagonal", "dense"] = "diagonal"  # Eq. 2, or the dense variant of Fig. 4
-    init_std: float | None = Field(None, gt=0)  # default: 1/sqrt(fan-in)
-    lambda_range: tuple[float, float] = (0.0, 1.0)  # initial λ ~ U(range) (diagonal)
-
-
-class GDSSMArch(Strict):
-    type: Literal["gd_ssm"]
-    n_layers: int = Field(1, ge=1)  # stacked GD-SSM layers (one GD step each when constructed)
-    window: int = Field(3, ge=1)  # local self-attention window (3 for interleaved tokens, 1 for products)
-    value_dim: int | None = Field(None, gt=0)  # m_v: rows of the state Z (default from the task: d_y; d_x for products)
-    key_dim: int | None = Field(None, gt=0)  # m_k: columns of Z (default from the task: d_x; 1 for products)
-    ridge: float = Field(0.0, ge=0)  # ρ of the L2-regularised implicit loss (A.4)
-    init_std: float | None = Field(None, gt=0)  # default: 1/sqrt(w f + 1)
-    lambda_range: tuple[float, float] = (0.9, 0.999)  # initial Λ ~ U(range)
-    # The output is a degree-6 product of parameters; from a random init it falls to the zero predictor
-    # first and must escape that saddle. β = 1 and D = 0 at init let it escape at f = 20 (reports/sushma-tian-2024/figure-1c.md).
-    beta_init: float = Field(0.1, gt=0)  # initial β of every layer
-    zero_output: bool = False  # D starts at 0: ŷ = 0 at init without shrinking the other five factors
-    embed: int | None = Field(None, gt=0)  # A.3: linear token embedding to this many channels first
-    mlp: int | None = Field(None, gt=0)  # A.3: hidden width of a weighted-sigmoid gated unit on the read-out
-
-
-class FastWeightArch(Strict):
-    """The fast-weight network of "Recurrent networks can learn in-context by gradient descent" (models/fast_weight.py)."""
-
-    type: Literal["fast_weight"]
-    update: Literal["hebbian", "delta"] = "hebbian"  # W += e_y e_xᵀ (Eq. 13, 𝓘 = I), or the exact delta rule 𝓘_t = I − β e_x e_xᵀ
-    key_dim: int | None = Field(None, gt=0)  # d_u, width of e_x = U x (default: d_x)
-    value_dim: int | None = Field(None, gt=0)  # d_v, width of e_y = V y (default: d_y)
-    position_scale: bool = False  # scale the output after t examples by 1/(t + c): GD with η*_t per position
-    init_std: float | None = Field(None, gt=0)  # default: 1/sqrt(fan-in)
-
-
-class RecurrentStackArch(Strict):
-    """Embedding → n_layers blocks → read-out (models/stack.py), no norms."""
-
-    type: Literal["lru", "s5", "lstm", "gru", "bilstm", "mamba", "griffin"]
-    width: int = Field(64, gt=0)  # embedding width w
-    n_layers: int = Field(1, ge=1)  # blocks (Griffin alternates recurrent and local attention)
-    hidden: int | None = Field(None, gt=0)  # LRU/S5 complex neurons n (default: width)
-    variant: Literal["out", "in_out", "in_skip"] = "out"  # LRU gating (Zucchet A.1): LRU Out / In+Out / In+Skip
-    r_range: tuple[float, float] = (0.0, 1.0)  # LRU initial |λ| range
-    state_size: int = Field(16, gt=0)  # Mamba N
-    expand: int = Field(2, gt=0)  # Mamba/Griffin inner width = expand · width
-    window: int = Field(8, ge=1)  # Griffin local attention window
-
-    @model_validator(mode="after")
-    def _variant_is_lru_only(self):
-        if self.variant != "out" and self.type != "lru":
-            raise ValueError(f"'variant' applies to type 'lru' only, not {self.type!r}")
-        if self.type == "bilstm" and self.width % 2:
-            raise ValueError("a bidirectional LSTM needs an even width (two directions of width/2)")
-        return self
-
-
-class TransformerArch(Strict):
-    type: Literal["softmax_transformer"]
-    width: int = Field(64, gt=0)  # model width ("64 units")
-    n_layers: int = Field(1, ge=1)
-    heads: int = Field(1, ge=1)
-    mlp: bool = True  # a GELU MLP after each attention
-    causal: bool = False  # the regression prompt is unmasked in the blogpost setting
-    max_len: int = Field(256, gt=0)  # learned positions
-
-
-Arch = Annotated[
-    Union[LSAArch, GatedRNNArch, GDSSMArch, FastWeightArch, RecurrentStackArch, TransformerArch], Field(discriminator="type")
-]
+# Each family declares its arch schema beside its model (zoo/models/<family>.py); an entry's
+# `arch` is the union of them, told apart by `type`.
+Arch = Annotated[Union[tuple(f.arch for f in FAMILIES)], Field(discriminator="type")]
+ConstructionName = Literal[tuple(CONSTRUCTIONS)]  # every construction some family supports
 
 
 # ---------------------------------------------------------------------------- sources
@@ -230,9 +143,9 @@ class TrainRecipe(Strict):
 
 class Construction(Strict):
     kind: Literal["constructed"]
-    # θ_GD (constructions/gd.py); gated RNN ⇐ LSA (rnn_from_lsa.py); GD-SSM (gd_ssm.py); LSTM ≈ LSA (lstm_from_lsa.py);
-    # fast-weight GD on the prefix (hebbian_gd) and online GD (delta_rule) (fast_weight.py)
-    construction: Literal["gd", "rnn_from_lsa", "gd_ssm", "lstm_from_lsa", "hebbian_gd", "delta_rule"]
+    # declared by the families (zoo/models/<family>.py): θ_GD (lsa), gated RNN ⇐ LSA (gated_rnn), GD-SSM (gd_ssm),
+    # LSTM ≈ LSA (stack), fast-weight GD on the prefix (hebbian_gd) and online GD (delta_rule) (fast_weight)
+    construction: ConstructionName
     lsa: Literal["gd", "teacher"] = "gd"  # rnn_from_lsa / lstm_from_lsa: which LSA to implement (θ_GD or the task's teacher)
     scale: float = Field(0.01, gt=0)  # lstm_from_lsa: linearisation scale ε (error O(ε²) until rounding)
     compact: bool = False  # rnn_from_lsa: d(d+1)/2 key-value neurons instead of d²
@@ -338,48 +251,9 @@ def initial_construction(entry: Entry) -> Entry:
 
 
 def construction_problem(entry: Entry, task: TaskSpec) -> str | None:
-    """Why an entry's construction cannot apply to its arch/task (None when it can)."""
-    c = entry.source
-    if c.construction == "gd":
-        if entry.arch.type != "lsa" or task.kind != "linear_regression" or task.layout != "pairs":
-            return "'gd' needs arch type 'lsa' on a linear_regression task with layout 'pairs'"
-        if entry.arch.constant:
-            return "'gd' sets the weights of tokens (x, y): it needs constant = false"
-    elif c.construction == "gd_ssm":
-        if entry.arch.type != "gd_ssm" or task.kind != "linear_regression":
-            return "'gd_ssm' needs arch type 'gd_ssm' on a linear_regression task"
-        from zoo.constructions.gd_ssm import construction_problem as gd_ssm_problem
-
-        return gd_ssm_problem(entry.arch.model_dump(), task.layout, task.d_x, task.d_y)
-    elif c.construction in ("hebbian_gd", "delta_rule"):
-        a = entry.arch
-        if a.type != "fast_weight" or task.kind != "linear_regression" or task.layout != "triples":
-            return f"'{c.construction}' needs arch type 'fast_weight' on a linear_regression task with layout 'triples'"
-        if (a.key_dim or task.d_x) != task.d_x or (a.value_dim or task.d_y) != task.d_y:
-            return f"'{c.construction}' needs key_dim = d_x and value_dim = d_y (U = I, V = I)"
-        if a.update != ("hebbian" if c.construction == "hebbian_gd" else "delta"):
-            return f"'{c.construction}' needs update = '{'hebbian' if c.construction == 'hebbian_gd' else 'delta'}'"
-        if c.construction == "hebbian_gd" and a.position_scale != (c.eta == "analytic"):
-            return "'hebbian_gd' with eta = 'analytic' (η*_t per position) needs position_scale = true; a fixed η needs false"
-        if c.construction == "delta_rule" and (not isinstance(c.eta, float) or a.position_scale):
-            return "'delta_rule' needs a fixed eta (the online step size) and position_scale = false"
-    elif c.construction in ("rnn_from_lsa", "lstm_from_lsa"):
-        if c.lsa == "teacher" and task.kind != "lsa_teacher":
-            return "lsa = 'teacher' needs an lsa_teacher task"
-        if c.lsa == "gd" and (task.kind != "linear_regression" or task.layout != "pairs"):
-            return "lsa = 'gd' needs a linear_regression task with layout 'pairs'"
-        d = task.d if task.kind == "lsa_teacher" else task.d_x + task.d_y
-        if c.construction == "lstm_from_lsa":
-            a = entry.arch
-            if a.type != "lstm" or a.n_layers != 1 or a.width != 4 * d * d:
-                return f"'lstm_from_lsa' needs one 'lstm' layer of width 4d² = {4 * d * d}"
-            return None
-        if entry.arch.type != "gated_rnn" or entry.arch.recurrence != "diagonal":
-            return "'rnn_from_lsa' needs arch type 'gated_rnn' with diagonal recurrence"
-        hidden = (d * (d + 1) // 2 if c.compact else d * d) + d
-        if entry.arch.hidden != hidden or (entry.arch.gates or entry.arch.hidden) != d * d:
-            return f"the {'compact' if c.compact else 'full'} construction for d={d} needs hidden = {hidden} and gates = {d * d}"
-    return None
+    """Why an entry's construction cannot apply to its arch/task (None when it can): the rule of
+    the family that declares the construction."""
+    return family_construction_problem(entry.arch, task, entry.source)
 
 
 def _format_errors(file: Path, kind: str, name: str, err: ValidationError) -> str:

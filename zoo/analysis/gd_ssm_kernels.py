@@ -38,8 +38,7 @@ import copy
 
 import torch
 
-from zoo.constructions.gd_ssm import construct_gd_ssm
-from zoo.models.gd_ssm import GDSSM
+from zoo.models.gd_ssm import GDSSM, construct_gd_ssm
 
 
 def kernels(model: GDSSM) -> dict[str, torch.Tensor]:

@@ -1,18 +1,29 @@
-"""The interface every zoo model follows.
+"""The interface every zoo model follows, and what a model family declares.
 
     forward(tokens (B, T, d_in)) -> out (B, T, d_out)       causal unless the model says not
     predict(tokens)               -> the task's query read-out (B, d_y)
-    init_state(batch)             -> tuple of state tensors, named by `state_names()`
+    state_shapes()                -> [(name, shape without the batch)]: the one declaration of the state
     step(token (B, d_in), state)  -> (out (B, d_out), new state)
     forward_chunk(tokens, state)  -> (out (B, T, d_out), state after the last token)
-`forward` equals `step` iterated from `init_state`, and `forward_chunk` from any state equals
-`step` iterated from it (tested for every recurrent entry): `forward_chunk` is the parallel
-form of a stream, exported as the chunk graph that streams long inputs in few runs.
-Models whose memory grows with the sequence (softmax attention, or attention that lets
-earlier tokens see later ones) set `recurrent = False` and `init_state` raises.
+`state_names`, `init_state` (zeros) and `check_state` derive from `state_shapes`. `forward`
+equals `step` iterated from `init_state`, and `forward_chunk` from any state equals `step`
+iterated from it (tests/test_recurrence.py, for every recurrent registry entry, and against the
+exported ONNX graphs): `forward_chunk` is the parallel form of a stream, exported as the chunk
+graph that streams long inputs in few runs. Models whose memory grows with the sequence (softmax
+attention, or attention that lets earlier tokens see later ones) set `recurrent = False` and
+`state_shapes` raises.
+
+A family (one file in zoo/models/) ends with a `FAMILY = Family(...)`: its arch config schema, the
+`build(arch, task)` that turns a validated config into a module, the analytic constructions it
+supports with their applicability rules, and its model-card prose. zoo/models/__init__.py lists the
+families; the registry, `create_model` and `zoo.constructions.construct` dispatch through that table.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import get_args
 
 import torch
 from torch import nn
@@ -20,8 +31,11 @@ from torch import nn
 from zoo.tasks.regression import Readout
 
 
+StateShapes = list[tuple[str, tuple[int, ...]]]
+
+
 class NotRecurrentError(TypeError):
-    """Raised by `init_state`/`step` on models that have no constant-size state."""
+    """Raised by `state_shapes`/`init_state`/`step` on models that have no constant-size state."""
 
 
 class ZooModel(nn.Module):
@@ -44,11 +58,17 @@ class ZooModel(nn.Module):
         """The query's prediction (B, d_y), also for tasks that predict at every position."""
         return self.readout.query(self(tokens))
 
-    def state_names(self) -> list[str]:
+    def state_shapes(self) -> StateShapes:
+        """[(name, shape without the batch dimension)] of the state, in `step`'s order."""
         raise NotRecurrentError(f"{type(self).__name__} has no recurrent state")
 
+    def state_names(self) -> list[str]:
+        return [name for name, _ in self.state_shapes()]
+
     def init_state(self, batch: int) -> tuple[torch.Tensor, ...]:
-        raise NotRecurrentError(f"{type(self).__name__} has no recurrent state")
+        """The zero state, in the parameters' dtype and device."""
+        p = self._param_like()
+        return tuple(p.new_zeros(batch, *shape) for _, shape in self.state_shapes())
 
     def step(self, token: torch.Tensor, state: tuple[torch.Tensor, ...]):
         raise NotRecurrentError(f"{type(self).__name__} has no recurrent state")
@@ -59,12 +79,62 @@ class ZooModel(nn.Module):
 
     def check_state(self, state: tuple[torch.Tensor, ...], batch: int) -> None:
         """Clear error for a state of the wrong arity or shape (streaming runtimes call this)."""
-        expected = self.init_state(batch)
-        if len(state) != len(expected):
-            raise ValueError(f"expected {len(expected)} state tensors {self.state_names()}, got {len(state)}")
-        for name, got, want in zip(self.state_names(), state, expected):
-            if tuple(got.shape) != tuple(want.shape):
-                raise ValueError(f"state '{name}' has shape {tuple(got.shape)}, expected {tuple(want.shape)}")
+        shapes = self.state_shapes()
+        if len(state) != len(shapes):
+            raise ValueError(f"expected {len(shapes)} state tensors {self.state_names()}, got {len(state)}")
+        for (name, shape), got in zip(shapes, state):
+            if tuple(got.shape) != (batch, *shape):
+                raise ValueError(f"state '{name}' has shape {tuple(got.shape)}, expected {(batch, *shape)}")
 
     def _param_like(self) -> torch.Tensor:
         return next(self.parameters())
+
+
+class RecurrentBlock(nn.Module):
+    """A block of a deep sequence model (models/stack.py). Its state interface is the model's:
+    `state_shapes()`, `step(x (B, h), state)`, `forward_chunk(x (B, T, h), state | None)`."""
+
+    recurrent = True  # has a constant-size state and `step`
+    dynamic_time = True  # `forward` exports with a symbolic sequence length
+    chunk_len = 1024  # the longest chunk the exported chunk graph takes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_chunk(x, None)[0]
+
+    def forward_chunk(self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None):
+        raise NotImplementedError
+
+    def state_shapes(self) -> StateShapes:
+        raise NotImplementedError
+
+    def step(self, x: torch.Tensor, state: tuple[torch.Tensor, ...]):
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------------------- families
+@dataclass(frozen=True)
+class ConstructionRule:
+    """An analytic construction a family supports.
+
+    problem(arch, task_spec, source) -> why it cannot apply to this arch config and task spec
+        (None when it can); the registry calls it when it validates an entry.
+    apply(model, task, source, validation_batch) -> sets the built model's weights and returns
+        the hyper-parameters used (e.g. {"eta": …}), recorded in the checkpoint.
+    """
+
+    problem: Callable[..., str | None]
+    apply: Callable[..., dict]
+    description: str = ""  # one line: what the weights compute
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    arch: type  # the pydantic config schema; its `type` Literal lists the arch types it builds
+    build: Callable[..., ZooModel]  # build(arch, task) -> the untrained model
+    constructions: dict[str, ConstructionRule] = field(default_factory=dict)
+    card: str = ""  # model-card prose: what the architecture is and computes (markdown)
+
+    @property
+    def arch_types(self) -> tuple[str, ...]:
+        return get_args(self.arch.model_fields["type"].annotation)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from zoo.models.stack import RecurrentBlock
+from zoo.models.base import RecurrentBlock
 
 
 class LSTMBlock(RecurrentBlock):

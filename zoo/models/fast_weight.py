@@ -20,14 +20,28 @@ D (d_out × d_v) reads the prediction out; the paper leaves it implicit (V = I, 
 
 Glossary: `u, v` = U, V; `d` = D; `beta` = β (delta rule); `offset` = c; `key_dim` = d_u,
 `value_dim` = d_v; the state `W` is the paper's W[t], `count` is t.
+
+Constructions (end of the file), with U = I, V = I so that e_x = x, e_y = y and W_t is d_y × d_x:
+
+    hebbian_gd   W_t = Σ_{s≤t} y_s x_sᵀ (𝓘 = I, Eq. 13) and D = η I: after t examples the output is
+                 η Σ_{s≤t} y_s x_sᵀ x_{t+1}, one GD step from W = 0 on the prefix (sum convention).
+                 η fixed (the paper's constant λ: η = 2λ/N), or η*_t per position: D = I/σ_x²,
+                 s_t = 1/(t + c) with c = d_x − 2 + κ gives η*_t = 1/(σ_x² (t + d_x − 2 + κ)).
+    delta_rule   𝓘_t = I − η x_t x_tᵀ, D = I, β = η: W_t = W_{t−1} + η (y_t − W_{t−1} x_t) x_tᵀ,
+                 online GD with one example per step (exact in the one-sample gradient).
 """
 
 from __future__ import annotations
 
+import functools
+from typing import Literal
+
 import torch
+from pydantic import Field
 from torch import nn
 
-from zoo.models.base import ZooModel
+from zoo.models.base import ConstructionRule, Family, ZooModel
+from zoo.schema import Strict
 from zoo.tasks.regression import Readout
 
 UPDATES = ("hebbian", "delta")
@@ -103,13 +117,9 @@ class FastWeightRNN(ZooModel):
         return w + self.beta * residual.unsqueeze(-1) * ex.unsqueeze(-2)
 
     # ------------------------------------------------------------------ recurrence
-    def state_names(self) -> list[str]:
-        return ["0.w", "0.count"] if self.position_scale else ["0.w"]
-
-    def init_state(self, batch: int) -> tuple[torch.Tensor, ...]:
-        p = self._param_like()
-        w = p.new_zeros(batch, self.value_dim, self.key_dim)
-        return (w, p.new_zeros(batch, 1)) if self.position_scale else (w,)
+    def state_shapes(self):
+        w = ("0.w", (self.value_dim, self.key_dim))  # W_t, the fast weights
+        return [w, ("0.count", (1,))] if self.position_scale else [w]  # count: t, for s_t = 1/(t + c)
 
     def step(self, token: torch.Tensor, state: tuple[torch.Tensor, ...]):
         ex, ey, eq = self._embed(token)  # (B, d_u), (B, d_v), (B, d_u)
@@ -118,3 +128,83 @@ class FastWeightRNN(ZooModel):
         count = (state[1] if self.position_scale else token.new_zeros(token.shape[0], 1)) + 1  # (B, 1)
         out = self._read((w @ eq.unsqueeze(-1)).squeeze(-1), count.squeeze(-1))
         return out, ((w, count) if self.position_scale else (w,))
+
+
+# ---------------------------------------------------------------------------- the family
+class FastWeightArch(Strict):
+    """The fast-weight network of "Recurrent networks can learn in-context by gradient descent"."""
+
+    type: Literal["fast_weight"]
+    update: Literal["hebbian", "delta"] = "hebbian"  # W += e_y e_xᵀ (Eq. 13, 𝓘 = I), or the exact delta rule 𝓘_t = I − β e_x e_xᵀ
+    key_dim: int | None = Field(None, gt=0)  # d_u, width of e_x = U x (default: d_x)
+    value_dim: int | None = Field(None, gt=0)  # d_v, width of e_y = V y (default: d_y)
+    position_scale: bool = False  # scale the output after t examples by 1/(t + c): GD with η*_t per position
+    init_std: float | None = Field(None, gt=0)  # default: 1/sqrt(fan-in)
+
+
+def build(arch: FastWeightArch, task) -> FastWeightRNN:
+    if getattr(task, "layout", None) != "triples":
+        raise ValueError("the fast-weight network reads triples [x_t, y_t, x_{t+1}]: it needs a task with layout 'triples'")
+    return FastWeightRNN(
+        d_x=task.d_x, d_y=task.d_y, d_out=task.d_out, readout=task.readout, key_dim=arch.key_dim,
+        value_dim=arch.value_dim, update=arch.update, position_scale=arch.position_scale, init_std=arch.init_std,
+    )
+
+
+def _problem(construction: str, arch: FastWeightArch, task, source) -> str | None:
+    if task.kind != "linear_regression" or task.layout != "triples":
+        return f"'{construction}' needs arch type 'fast_weight' on a linear_regression task with layout 'triples'"
+    if (arch.key_dim or task.d_x) != task.d_x or (arch.value_dim or task.d_y) != task.d_y:
+        return f"'{construction}' needs key_dim = d_x and value_dim = d_y (U = I, V = I)"
+    update = "hebbian" if construction == "hebbian_gd" else "delta"
+    if arch.update != update:
+        return f"'{construction}' needs update = '{update}'"
+    if construction == "hebbian_gd" and arch.position_scale != (source.eta == "analytic"):
+        return "'hebbian_gd' with eta = 'analytic' (η*_t per position) needs position_scale = true; a fixed η needs false"
+    if construction == "delta_rule" and (not isinstance(source.eta, float) or arch.position_scale):
+        return "'delta_rule' needs a fixed eta (the online step size) and position_scale = false"
+    return None
+
+
+@torch.no_grad()
+def construct_fast_weight(model: FastWeightRNN, task, construction: str, eta: float | str) -> dict:
+    model.u.copy_(torch.eye(task.d_x))
+    model.v.copy_(torch.eye(task.d_y))
+    if construction == "hebbian_gd" and eta == "analytic":
+        model.d.copy_(torch.eye(task.d_y, dtype=torch.float64) / task.x_variance)
+        model.offset.fill_(task.d_x - 2 + task.x_kurtosis)
+        return {"eta": task.analytic_eta(), "gd_steps": 1, "eta_per_position": True}  # η at the query: η*_C
+    model.d.copy_(torch.eye(task.d_y, dtype=torch.float64) * (eta if construction == "hebbian_gd" else 1.0))
+    if construction == "delta_rule":  # scored against one GD step at η* like any model; its own rate is the online one
+        model.beta.fill_(eta)
+        return {"online_eta": float(eta)}
+    return {"eta": float(eta), "gd_steps": 1}
+
+
+def _rule(construction: str, description: str) -> ConstructionRule:
+    return ConstructionRule(
+        problem=functools.partial(_problem, construction),
+        apply=lambda model, task, source, validation_batch=None: construct_fast_weight(model, task, construction, source.eta),
+        description=description,
+    )
+
+
+FAMILY = Family(
+    name="fast_weight",
+    arch=FastWeightArch,
+    build=build,
+    constructions={
+        "hebbian_gd": _rule("hebbian_gd", "one GD step from W = 0 on the prefix, at a fixed η or η*_t per position"),
+        "delta_rule": _rule("delta_rule", "online GD, one example per step (the delta rule)"),
+    },
+    card="""
+The recurrent network of "Recurrent networks can learn in-context by gradient descent": tokens are
+triples s_t = [x_t, y_t, x_{t+1}], embedded as e_x = U x and e_y = V y; a matrix state (fast
+weights) is updated W_t = W_{t−1}𝓘 + e_y(t) e_x(t)ᵀ (the note's Eq. 13) and the output
+W_t e_x(t+1) predicts y_{t+1} at every position (Eq. 14), as soon as x_{t+1} arrives. With
+U = V = I and 𝓘 = I (the note's approximation of Eq. 7's I − λ(2/N)XXᵀ), W_t = Σ_{s≤t} y_s x_sᵀ and
+the output is one gradient-descent step from W = 0 on the prefix; with the exact one-example
+𝓘_t = I − η x_t x_tᵀ it is online gradient descent (the delta rule). The state is the learned weight
+matrix itself, so the model streams token by token in constant memory.
+""",
+)

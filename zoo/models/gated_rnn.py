@@ -13,23 +13,45 @@ the constructions use both exactly.
 
 Glossary: `w_m_in, w_x_in` = W_m^in, W_x^in (n × (d+1)); `nu` = ν (n); `w_rec` = A (dense variant); `w_m_out, w_x_out` =
 W_m^out, W_x^out (m × n); `readout` = D (d_out × m); n = `hidden`, m = `gates`.
+
+Construction `rnn_from_lsa` (end of the file): the RNN that implements a given causal linear
+self-attention layer exactly (Zucchet et al., Figure 1 and section 2.2). Full construction,
+d² key-value neurons + d query neurons (n = d² + d), m = d² gates:
+
+    kv neuron (i, j):  g_in = (W_V,i x)(W_K,j x),   λ = 1   → S_ij = Σ_{t'≤t} v_i k_j
+    query neuron j:    g_in = (W_Q,j x)(1),          λ = 0   → q_j
+    gate (i, j):       g_out = S_ij · q_j ;  D sums gates (i, ·) into output i  → y = S q
+
+Compact construction, d(d+1)/2 key-value neurons (needs W_V invertible): the layer only depends
+on W_V ⊗ W_KᵀW_Q, so use W_K' = W_V and W_Q' = W_V^{−T} W_Kᵀ W_Q; S = Σ v vᵀ is symmetric and
+neuron (i ≤ j) stores v_i v_j. (The paper prints W_V^{−T} W_K^{−T} W_Q; the identity
+W_V'ᵀ W_Q' = W_Kᵀ W_Q needs W_Kᵀ, which the tests check numerically.) A layer with an output
+projection W_P is handled by folding it into the values: W_V ← W_P W_V.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
+from pydantic import Field
 from torch import nn
 
-from zoo.models.base import ZooModel
+from zoo.models.base import ConstructionRule, Family, ZooModel
+from zoo.models.lsa import implemented_lsa, lsa_problem
 from zoo.models.scan import last_state, scan
+from zoo.schema import Strict
 from zoo.tasks.regression import Readout
+
+PERFECT_MEMORY = float("-inf")  # ν = −∞ → λ = exp(−exp(−∞)) = 1
+PERFECT_FORGET = float("inf")  # ν = +∞ → λ = 0
 
 
 class GatedLinearRNN(ZooModel):
     residual = False
 
     def __init__(self, d_in: int, d_out: int, readout: Readout, hidden: int = 80, gates: int | None = None,
-                 recurrence: str = "diagonal", init_std: float | None = None, nu_range: tuple[float, float] = (0.0, 1.0)):
+                 recurrence: str = "diagonal", init_std: float | None = None, lambda_range: tuple[float, float] = (0.0, 1.0)):
         super().__init__(d_in=d_in, d_out=d_out, readout=readout)
         gates = gates or hidden
         self.recurrence = recurrence
@@ -40,7 +62,7 @@ class GatedLinearRNN(ZooModel):
         self.w_x_in = nn.Parameter(torch.randn(hidden, d_in + 1) * std_in)
         if recurrence == "diagonal":
             # λ uniform in [r_min, r_max] as in minimal-LRU: ν = log(−log λ)
-            lam = torch.empty(hidden).uniform_(*nu_range).clamp(1e-4, 1 - 1e-4)
+            lam = torch.empty(hidden).uniform_(*lambda_range).clamp(1e-4, 1 - 1e-4)
             self.nu = nn.Parameter(torch.log(-torch.log(lam)))
         elif recurrence == "dense":
             self.w_rec = nn.Parameter(torch.randn(hidden, hidden) * hidden**-0.5 * 0.5)  # A
@@ -110,14 +132,102 @@ class GatedLinearRNN(ZooModel):
         return self.output(self.input_gate(x))
 
     # ------------------------------------------------------------------ recurrence
-    def state_names(self) -> list[str]:
-        return ["0.h"]
-
-    def init_state(self, batch: int) -> tuple[torch.Tensor, ...]:
-        return (self._param_like().new_zeros(batch, self.hidden),)
+    def state_shapes(self):
+        return [("0.h", (self.hidden,))]
 
     def step(self, token: torch.Tensor, state: tuple[torch.Tensor, ...]):
         (h,) = state
         u = self.input_gate(token)
         h = self.lam() * h + u if self.recurrence == "diagonal" else h @ self.w_rec.T + u
         return self.output(h), (h,)
+
+
+# ---------------------------------------------------------------------------- LSA → RNN
+@torch.no_grad()
+def rnn_from_lsa(w_v: torch.Tensor, w_k: torch.Tensor, w_q: torch.Tensor, readout, *, compact: bool = False) -> GatedLinearRNN:
+    d = w_v.shape[0]
+    dtype = w_v.dtype
+    if compact:
+        if torch.linalg.matrix_rank(w_v) < d:
+            raise ValueError("the compact construction needs an invertible W_V (use the full construction)")
+        w_q = torch.linalg.solve(w_v.T, w_k.T @ w_q)  # W_V^{−T} W_Kᵀ W_Q
+        w_k = w_v
+        pairs = [(i, j) for i in range(d) for j in range(i, d)]
+    else:
+        pairs = [(i, j) for i in range(d) for j in range(d)]
+    kv_index = {p: n for n, p in enumerate(pairs)}
+    n_kv = len(pairs)
+    hidden, gates = n_kv + d, d * d
+    rnn = GatedLinearRNN(d, d, readout, hidden=hidden, gates=gates).to(dtype)
+    zeros = torch.zeros_like
+    w_m_in, w_x_in = zeros(rnn.w_m_in), zeros(rnn.w_x_in)
+    nu = torch.full((hidden,), PERFECT_MEMORY, dtype=dtype)
+    for (i, j), n in kv_index.items():
+        w_m_in[n, :d], w_x_in[n, :d] = w_v[i], w_k[j]
+    for j in range(d):
+        w_m_in[n_kv + j, :d] = w_q[j]
+        w_x_in[n_kv + j, d] = 1.0  # the appended constant input
+        nu[n_kv + j] = PERFECT_FORGET
+    w_m_out, w_x_out, readout_matrix = zeros(rnn.w_m_out), zeros(rnn.w_x_out), zeros(rnn.readout_matrix)
+    for i in range(d):
+        for j in range(d):
+            g = i * d + j
+            w_m_out[g, kv_index[(min(i, j), max(i, j)) if compact else (i, j)]] = 1.0
+            w_x_out[g, n_kv + j] = 1.0
+            readout_matrix[i, g] = 1.0
+    for name, value in dict(w_m_in=w_m_in, w_x_in=w_x_in, nu=nu, w_m_out=w_m_out, w_x_out=w_x_out,
+                            readout_matrix=readout_matrix).items():
+        getattr(rnn, name).copy_(value)
+    return rnn
+
+
+# ---------------------------------------------------------------------------- the family
+class GatedRNNArch(Strict):
+    type: Literal["gated_rnn"]
+    hidden: int = Field(80, gt=0)  # recurrent neurons |h|
+    gates: int | None = Field(None, gt=0)  # output-gating neurons (default: hidden)
+    recurrence: Literal["diagonal", "dense"] = "diagonal"  # Eq. 2, or the dense variant of Fig. 4
+    init_std: float | None = Field(None, gt=0)  # default: 1/sqrt(fan-in)
+    lambda_range: tuple[float, float] = (0.0, 1.0)  # initial λ ~ U(range) (diagonal)
+
+
+def build(arch: GatedRNNArch, task) -> GatedLinearRNN:
+    return GatedLinearRNN(
+        d_in=task.token_dim, d_out=task.token_dim, readout=task.readout, hidden=arch.hidden, gates=arch.gates,
+        recurrence=arch.recurrence, init_std=arch.init_std, lambda_range=arch.lambda_range,
+    )
+
+
+def _rnn_from_lsa_problem(arch: GatedRNNArch, task, source) -> str | None:
+    problem = lsa_problem(task, source)
+    if problem:
+        return problem
+    d = task.d if task.kind == "lsa_teacher" else task.d_x + task.d_y
+    if arch.recurrence != "diagonal":
+        return "'rnn_from_lsa' needs arch type 'gated_rnn' with diagonal recurrence"
+    hidden = (d * (d + 1) // 2 if source.compact else d * d) + d
+    if arch.hidden != hidden or (arch.gates or arch.hidden) != d * d:
+        return f"the {'compact' if source.compact else 'full'} construction for d={d} needs hidden = {hidden} and gates = {d * d}"
+    return None
+
+
+def _apply_rnn_from_lsa(model: GatedLinearRNN, task, source, validation_batch=None) -> dict:
+    weights, info = implemented_lsa(task, source, validation_batch)
+    rnn = rnn_from_lsa(*weights, task.readout, compact=source.compact)
+    model.load_state_dict(rnn.state_dict())  # strict; casts the float64 construction to the model's dtype
+    return {**info, "compact": source.compact}
+
+
+FAMILY = Family(
+    name="gated_rnn",
+    arch=GatedRNNArch,
+    build=build,
+    constructions={"rnn_from_lsa": ConstructionRule(_rnn_from_lsa_problem, _apply_rnn_from_lsa,
+                                                    "the RNN that implements an LSA layer exactly (θ_GD or the teacher)")},
+    card="""
+A gated diagonal linear RNN (Zucchet et al. 2023, Eq. 2): h_t = λ ⊙ h_{t−1} + (W_m x̃_t) ⊙ (W_x x̃_t),
+y_t = D ((W_m' h_t) ⊙ (W_x' h_t)). Its instantaneous map is a degree-4 polynomial, and with perfect-memory
+(λ = 1) key-value neurons and perfect-forget (λ = 0) query neurons it implements a causal linear
+self-attention layer exactly (section 2.2), and so one step of gradient descent on in-context regression.
+""",
+)

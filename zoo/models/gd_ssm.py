@@ -24,7 +24,7 @@ to the query with an input-dependent multiplicative read-out (Eq. 16 / Eq. 18):
 The first layer has no Z̃ head since M_0 = 0. With the "products" token layout (1-D
 regression on c_t = (x_t y_t, x_{t+1}), w = 1) Eqs. 14–16 are m_v = f, m_k = 1; with the
 "interleaved" layout (x_1, y_1, x_2, …, x_q in disjoint channels, w = 3) Eqs. 17–18 are
-m_v = d_y, m_k = d_x. See zoo/constructions/gd_ssm.py.
+m_v = d_y, m_k = d_x (the defaults, `state_dims`). The construction is at the end of the file.
 
 Non-linear regression (A.3, Figure 4B): `embed` first maps each token linearly to `embed`
 channels (the paper's input embedding), and `mlp` adds a residual weighted-sigmoid gated unit
@@ -40,10 +40,15 @@ and key projections of C_t); `a_tilde, b_tilde` = Ã, B̃; `nu, nu_tilde` = ν, 
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
+from pydantic import Field
 from torch import nn
 
-from zoo.models.base import ZooModel
+from zoo.models.base import ConstructionRule, Family, ZooModel
+from zoo.schema import Strict
+from zoo.tasks.regression import resolve_eta
 from zoo.models.scan import last_state, scan, with_history
 from zoo.tasks.regression import Readout
 
@@ -208,22 +213,13 @@ class GDSSM(ZooModel):
         return m, c, tuple(new_state)
 
     # ------------------------------------------------------------------ recurrence
-    def state_names(self) -> list[str]:
-        names = ["window"] if self.window > 1 else []
+    def state_shapes(self):
+        shapes = [("window", (self.window - 1, self.feature_dim))] if self.window > 1 else []  # the last w−1 tokens
         for i, layer in enumerate(self.layers):
-            names.append(f"{i}.z")
+            shapes.append((f"{i}.z", (self.value_dim, self.key_dim)))  # Z_l ≈ Σ y xᵀ
             if layer.second_head:
-                names.append(f"{i}.z_tilde")
-        return names
-
-    def init_state(self, batch: int) -> tuple[torch.Tensor, ...]:
-        p = self._param_like()
-        state = [p.new_zeros(batch, self.window - 1, self.feature_dim)] if self.window > 1 else []
-        for layer in self.layers:
-            state.append(p.new_zeros(batch, self.value_dim, self.key_dim))
-            if layer.second_head:
-                state.append(p.new_zeros(batch, self.key_dim, self.key_dim))
-        return tuple(state)
+                shapes.append((f"{i}.z_tilde", (self.key_dim, self.key_dim)))  # Z̃_l ≈ Σ x xᵀ
+        return shapes
 
     def step(self, token: torch.Tensor, state: tuple[torch.Tensor, ...]):
         token = self._features(token)  # (B, f)
@@ -247,3 +243,155 @@ class GDSSM(ZooModel):
                 new_state.append(z_tilde)
             m = layer.gd_update(m, z, z_tilde, self.ridge)
         return self._output(m, c), tuple(new_state)
+
+
+def state_dims(value_dim: int | None, key_dim: int | None, layout: str, d_x: int, d_y: int) -> tuple[int, int]:
+    """(m_v, m_k) of the state Z: the config's, or, where unset, the task's — d_y × d_x for
+    interleaved tokens, d_x × 1 for products (so a sweep over task.d_x needs no arch override)."""
+    default = (d_x, 1) if layout == "products" else (d_y, d_x)
+    return value_dim or default[0], key_dim or default[1]
+
+
+# ---------------------------------------------------------------------------- the GD construction
+# Window slots are numbered oldest first; slot k of c_t occupies channels [k f, (k+1) f) and
+# the constant 1 is the last channel. With Λ = Λ̃ = 1 (ν = −∞) and β_l = η:
+#
+# "products" layout, c_t = (x_t y_t, x_{t+1}), one layer (Eqs. 14–16, Ψ and Θ):
+#     A c = x_t y_t (Ψ),  B c = 1,  Q c = 1,  R c = x_{t+1} (Θ),  D = 1ᵀ
+#     → z_t = Σ_{i≤t} x_i y_i,  o_t = η z_tᵀ x_{t+1}: one GD step from w = 0.
+#
+# "interleaved" layout, s = (x_1,0), (0,y_1), …, (x_q,0), window 3 (Eqs. 17–18, A.1–A.2):
+#     at an x token the window is [x_j, y_j, x_{j+1}] (C_t of Eq. 21)
+#     A c = y-channels of slot w−2 (y_j),  B c = x-channels of slot w−3 (x_j)   → Z = Σ y_j x_jᵀ
+#     Ã c = B̃ c = x-channels of slot w−3                                        → Z̃ = Σ x_j x_jᵀ
+#     Q c = x-channels of the current slot (x_{t+1}),  R c = 1,  D = I
+# At a y token the middle slot is an x token whose y-channels are zero, and the oldest slot a
+# y token whose x-channels are zero, so nothing spurious is accumulated. At the query,
+# M_L = W_L of L GD steps on the whole context (with ridge ρ: A.4).
+def construction_problem(model_dims: dict, layout: str, d_x: int, d_y: int) -> str | None:
+    """Why the GD construction cannot apply (None when it can). `model_dims`: window, n_layers,
+    value_dim, key_dim (None: the task's default), embed."""
+    w, layers = model_dims["window"], model_dims["n_layers"]
+    if model_dims.get("embed"):
+        return "the GD construction reads the raw tokens: no input embedding (a gated unit on the read-out is left to training)"
+    m_v, m_k = state_dims(model_dims["value_dim"], model_dims["key_dim"], layout, d_x, d_y)
+    if layout == "products":
+        if layers != 1:
+            return "the 'products' layout has no room for Σ x xᵀ: one layer (one GD step) only"
+        if (m_v, m_k) != (d_x, 1):
+            return f"the 'products' layout needs value_dim = d_x = {d_x} and key_dim = 1"
+    elif layout == "interleaved":
+        if w < 3:
+            return "the 'interleaved' layout needs window ≥ 3 (x_j, y_j, x_{j+1})"
+        if (m_v, m_k) != (d_y, d_x):
+            return f"the 'interleaved' layout needs value_dim = d_y = {d_y} and key_dim = d_x = {d_x}"
+    else:
+        return f"no GD-SSM construction for the {layout!r} layout (use 'products' or 'interleaved')"
+    return None
+
+
+@torch.no_grad()
+def construct_gd_ssm(model: GDSSM, layout: str, d_x: int, d_y: int, eta: float) -> GDSSM:
+    problem = construction_problem(
+        {"window": model.window, "n_layers": len(model.layers), "value_dim": model.value_dim, "key_dim": model.key_dim,
+         "embed": model.embed is not None},
+        layout, d_x, d_y,
+    )
+    if problem:
+        raise ValueError(problem)
+    f, w = model.d_in, model.window
+    const = w * f
+
+    def slot(k: int, channel: int) -> int:
+        return k * f + channel
+
+    for name, p in model.named_parameters():
+        if not name.startswith("mlp."):  # a gated unit on the read-out keeps its (identity) init, for training
+            p.zero_()
+    for layer in model.layers:
+        layer.nu.fill_(-float("inf"))
+        layer.beta.fill_(eta)
+        if layer.second_head:
+            layer.nu_tilde.fill_(-float("inf"))
+    current = w - 1
+    if layout == "products":
+        layer = model.layers[0]
+        for i in range(d_x):
+            layer.a[i, slot(current, i)] = 1.0  # Ψ: x_t y_t
+            model.r[i, slot(current, d_x + i)] = 1.0  # Θ: x_{t+1}
+        layer.b[0, const] = 1.0
+        model.q[0, const] = 1.0
+        model.d.fill_(1.0)
+    else:
+        prev, prev2 = w - 2, w - 3
+        for layer in model.layers:
+            for i in range(d_y):
+                layer.a[i, slot(prev, d_x + i)] = 1.0  # y_j
+            for j in range(d_x):
+                layer.b[j, slot(prev2, j)] = 1.0  # x_j
+                if layer.second_head:
+                    layer.a_tilde[j, slot(prev2, j)] = 1.0
+                    layer.b_tilde[j, slot(prev2, j)] = 1.0
+        for j in range(d_x):
+            model.q[j, slot(current, j)] = 1.0  # x_{t+1}
+        model.r[:, const] = 1.0
+        model.d.copy_(torch.eye(d_y))
+    return model
+
+
+# ---------------------------------------------------------------------------- the family
+class GDSSMArch(Strict):
+    type: Literal["gd_ssm"]
+    n_layers: int = Field(1, ge=1)  # stacked GD-SSM layers (one GD step each when constructed)
+    window: int = Field(3, ge=1)  # local self-attention window (3 for interleaved tokens, 1 for products)
+    value_dim: int | None = Field(None, gt=0)  # m_v: rows of the state Z (default from the task: d_y; d_x for products)
+    key_dim: int | None = Field(None, gt=0)  # m_k: columns of Z (default from the task: d_x; 1 for products)
+    ridge: float = Field(0.0, ge=0)  # ρ of the L2-regularised implicit loss (A.4)
+    init_std: float | None = Field(None, gt=0)  # default: 1/sqrt(w f + 1)
+    lambda_range: tuple[float, float] = (0.9, 0.999)  # initial Λ ~ U(range)
+    # The output is a degree-6 product of parameters; from a random init it falls to the zero predictor
+    # first and must escape that saddle. β = 1 and D = 0 at init let it escape at f = 20 (reports/sushma-tian-2024/figure-1c.md).
+    beta_init: float = Field(0.1, gt=0)  # initial β of every layer
+    zero_output: bool = False  # D starts at 0: ŷ = 0 at init without shrinking the other five factors
+    embed: int | None = Field(None, gt=0)  # A.3: linear token embedding to this many channels first
+    mlp: int | None = Field(None, gt=0)  # A.3: hidden width of a weighted-sigmoid gated unit on the read-out
+
+
+def build(arch: GDSSMArch, task) -> GDSSM:
+    value_dim, key_dim = state_dims(arch.value_dim, arch.key_dim, getattr(task, "layout", None), task.d_x, task.d_y)
+    return GDSSM(
+        d_in=task.token_dim, d_out=task.d_out, readout=task.readout, n_layers=arch.n_layers, window=arch.window,
+        value_dim=value_dim, key_dim=key_dim, ridge=arch.ridge, init_std=arch.init_std,
+        lambda_range=arch.lambda_range, beta_init=arch.beta_init,
+        zero_output=arch.zero_output, embed=arch.embed, mlp=arch.mlp,
+    )
+
+
+def _gd_ssm_problem(arch: GDSSMArch, task, source) -> str | None:
+    if task.kind != "linear_regression":
+        return "'gd_ssm' needs arch type 'gd_ssm' on a linear_regression task"
+    return construction_problem(arch.model_dump(), task.layout, task.d_x, task.d_y)
+
+
+def _apply_gd_ssm(model: GDSSM, task, source, validation_batch=None) -> dict:
+    n_steps, ridge = len(model.layers), model.ridge
+    eta = resolve_eta(source.eta, task, n_steps, validation_batch, ridge=ridge)
+    construct_gd_ssm(model, task.layout, task.d_x, task.d_y, eta)
+    return {"eta": eta, "gd_steps": n_steps, "ridge": ridge}
+
+
+FAMILY = Family(
+    name="gd_ssm",
+    arch=GDSSMArch,
+    build=build,
+    constructions={"gd_ssm": ConstructionRule(_gd_ssm_problem, _apply_gd_ssm,
+                                              "L layers = L steps of (ridge-regularised) GD at η")},
+    card="""
+GD-SSM (Sushma, Tian et al. 2024): local self-attention over a sliding window of 3 tokens feeds
+a diagonal linear recurrence whose state is a matrix, Z_t = Λ ⊙ Z_{t−1} + (A c_t)(B c_t)ᵀ, and
+the output applies the accumulated gradient to the query multiplicatively, o_t = D((M x_q) ⊙ R c_t).
+With Λ = 1 the state is the in-context gradient Σ y xᵀ, so one layer is exactly one step of
+gradient descent; stacking layers with a second head (Σ x xᵀ) gives multi-step GD, and an L2
+term gives ridge-regularised GD (appendix A.2, A.4).
+""",
+)

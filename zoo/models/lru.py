@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from zoo.models.scan import complex_mul, scan
-from zoo.models.stack import RecurrentBlock
+from zoo.models.base import RecurrentBlock
 
 LRU_VARIANTS = ("out", "in_out", "in_skip")
 

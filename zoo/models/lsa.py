@@ -32,11 +32,15 @@ Glossary: d = d_x + d_y (token width); W_Q, W_K, W_V, W_P are `w_q, w_k, w_v, w_
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
+from pydantic import Field
 from torch import nn
 
-from zoo.models.base import NotRecurrentError, ZooModel
-from zoo.tasks.regression import Readout
+from zoo.models.base import ConstructionRule, Family, NotRecurrentError, ZooModel
+from zoo.schema import Strict
+from zoo.tasks.regression import Readout, resolve_eta
 
 ATTENTION_MODES = ("causal", "strict_causal", "context")
 
@@ -145,14 +149,10 @@ class LinearSelfAttention(ZooModel):
         return ((k * q).sum(-1, keepdim=True) * v) @ layer.w_p.T
 
     # ---------------------------------------------------------------- recurrence
-    def state_names(self) -> list[str]:
+    def state_shapes(self):
         self._require_recurrent()
-        return [f"{i}.kv" for i in range(len(self.layers) * self.loops)]
-
-    def init_state(self, batch: int) -> tuple[torch.Tensor, ...]:
-        self._require_recurrent()
-        p, d = self._param_like(), self.d_in + self.constant
-        return tuple(p.new_zeros(batch, d, d) for _ in range(len(self.layers) * self.loops))
+        d = self.d_in + self.constant
+        return [(f"{i}.kv", (d, d)) for i in range(len(self.layers) * self.loops)]  # S = Σ v kᵀ per applied layer
 
     def step(self, token: torch.Tensor, state: tuple[torch.Tensor, ...]):
         self._require_recurrent()
@@ -170,3 +170,126 @@ class LinearSelfAttention(ZooModel):
                 "attention='context' lets every token see all context tokens, including later ones; "
                 "it has no causal recurrence. Use 'strict_causal' (same query prediction for one layer)."
             )
+
+
+# ---------------------------------------------------------------------------- θ_GD
+# For tokens e = (x, y) ∈ R^{d_x + d_y} (von Oswald et al., Proposition 1):
+#
+#     W_K = W_Q = [[I_{d_x}, 0], [0, 0]]     (keys and queries read x only)
+#     W_V       = [[0, 0], [W_0, −I_{d_y}]]  (values carry the residual W_0 x − y)
+#     W_P       = η · I                       (η in the zoo's sum convention = η_blog / C)
+#
+# so the query token (x_q, 0) leaves the layer as (x_q, −(W_0 + η Σ_i (y_i − W_0 x_i) x_iᵀ) x_q):
+# minus the one-step-GD prediction, which is why the task's read-out sign is −1. Context tokens
+# leave as (x_i, y_i − W_1 x_i), the residuals of the updated model, so stacking L such layers
+# with W_0 = 0 (attention over the context, query excluded) is L steps of GD.
+def gd_lsa_weights(d_x: int, d_y: int, eta: float, w0: torch.Tensor | None = None, dtype=torch.float64):
+    d = d_x + d_y
+    w_kq = torch.zeros(d, d, dtype=dtype)
+    w_kq[:d_x, :d_x] = torch.eye(d_x, dtype=dtype)
+    w_v = torch.zeros(d, d, dtype=dtype)
+    if w0 is not None:
+        w_v[d_x:, :d_x] = w0.to(dtype)
+    w_v[d_x:, d_x:] = -torch.eye(d_y, dtype=dtype)
+    w_p = eta * torch.eye(d, dtype=dtype)
+    return {"w_q": w_kq, "w_k": w_kq.clone(), "w_v": w_v, "w_p": w_p}
+
+
+@torch.no_grad()
+def construct_gd_lsa(model: LinearSelfAttention, d_x: int, eta: float) -> LinearSelfAttention:
+    """Set every layer of `model` to θ_GD with learning rate η (multi-layer: one GD step each)."""
+    d_y = model.d_in - d_x
+    weights = gd_lsa_weights(d_x, d_y, eta)
+    for layer in model.layers:
+        for name, value in weights.items():
+            getattr(layer, name).copy_(value)
+    return model
+
+
+def lsa_weights(lsa: LinearSelfAttention) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(W_P W_V, W_K, W_Q) of a one-layer causal LSA without residual (Zucchet et al. Eq. 1, W_P folded into W_V)."""
+    if len(lsa.layers) != 1 or lsa.loops != 1 or lsa.attention != "causal" or lsa.residual:
+        raise ValueError("a gated RNN implements one causal LSA layer without residual (Zucchet et al. Eq. 1)")
+    layer = lsa.layers[0]
+    return layer.w_p @ layer.w_v, layer.w_k, layer.w_q
+
+
+def teacher_lsa(task, dtype=torch.float64) -> LinearSelfAttention:
+    """The teacher of an lsa_teacher task as a zoo LSA module (causal, no residual, W_P = I)."""
+    model = LinearSelfAttention(task.d, task.readout, attention="causal", residual=False).to(dtype)
+    with torch.no_grad():
+        layer = model.layers[0]
+        for name, value in task.teacher_weights(dtype).items():
+            getattr(layer, name).copy_(value)
+        layer.w_p.copy_(torch.eye(task.d, dtype=dtype))
+    return model.requires_grad_(False)
+
+
+def implemented_lsa(task, source, validation_batch=None) -> tuple[tuple[torch.Tensor, ...], dict]:
+    """(W_P W_V, W_K, W_Q) in float64 of the LSA layer a recurrent construction implements
+    (`source.lsa`: θ_GD at the entry's η, or the task's teacher), and what to record of it."""
+    if source.lsa == "teacher":
+        w = task.teacher_weights(torch.float64)
+        return (w["w_v"], w["w_k"], w["w_q"]), {"lsa": "teacher"}  # W_P = I
+    eta = resolve_eta(source.eta, task, 1, validation_batch)
+    w = gd_lsa_weights(task.d_x, task.token_dim - task.d_x, eta)
+    return (w["w_p"] @ w["w_v"], w["w_k"], w["w_q"]), {"lsa": "gd", "eta": eta}
+
+
+def lsa_problem(task, source) -> str | None:
+    """Why the LSA a recurrent construction implements (`source.lsa`) does not exist for `task`."""
+    if source.lsa == "teacher" and task.kind != "lsa_teacher":
+        return "lsa = 'teacher' needs an lsa_teacher task"
+    if source.lsa == "gd" and (task.kind != "linear_regression" or task.layout != "pairs"):
+        return "lsa = 'gd' needs a linear_regression task with layout 'pairs'"
+    return None
+
+
+# ---------------------------------------------------------------------------- the family
+class LSAArch(Strict):
+    type: Literal["lsa"]
+    n_layers: int = Field(1, ge=1)  # distinct LSA layers
+    attention: Literal["causal", "strict_causal", "context"] = "strict_causal"  # key set, see the header
+    loops: int = Field(1, ge=1)  # apply the layer stack K times (looped LSA)
+    damping: float = Field(1.0, ge=0)  # λ scaling every update (looped LSA needs ≈0.7–0.75)
+    init_std: float = Field(0.02, gt=0)  # N(0, init_std²) for every weight
+    residual: bool = True  # e ← e + update (von Oswald); False: e ← update (Zucchet Eq. 1)
+    constant: bool = False  # append a channel fixed at 1 to every token: affine keys/values/queries
+
+
+def build(arch: LSAArch, task) -> LinearSelfAttention:
+    return LinearSelfAttention(
+        d=task.token_dim, readout=task.readout, n_layers=arch.n_layers, attention=arch.attention,
+        loops=arch.loops, damping=arch.damping, init_std=arch.init_std, residual=arch.residual,
+        constant=arch.constant,
+    )
+
+
+def _gd_problem(arch: LSAArch, task, source) -> str | None:
+    if task.kind != "linear_regression" or task.layout != "pairs":
+        return "'gd' needs arch type 'lsa' on a linear_regression task with layout 'pairs'"
+    if arch.constant:
+        return "'gd' sets the weights of tokens (x, y): it needs constant = false"
+    return None
+
+
+def _apply_gd(model: LinearSelfAttention, task, source, validation_batch=None) -> dict:
+    n_steps = len(model.layers) * model.loops
+    eta = resolve_eta(source.eta, task, n_steps, validation_batch)
+    construct_gd_lsa(model, task.d_x, eta / model.damping)
+    return {"eta": eta, "gd_steps": n_steps}
+
+
+FAMILY = Family(
+    name="lsa",
+    arch=LSAArch,
+    build=build,
+    constructions={"gd": ConstructionRule(_gd_problem, _apply_gd, "θ_GD: each layer (each loop) one GD step at η")},
+    card="""
+Linear self-attention (single head, no softmax, no normalisation, residual) on tokens
+e_i = (x_i, y_i) and the query (x_q, 0). With W_K = W_Q = [[I,0],[0,0]], W_V = [[0,0],[W_0,−I]]
+and W_P = η·I, one layer moves the query to (x_q, −ŷ_GD): exactly one step of gradient descent on
+the in-context least-squares loss (von Oswald et al. 2023, Proposition 1). Trained from a random
+initialisation on fresh tasks, one layer converges to the same function.
+""",
+)

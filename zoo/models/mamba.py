@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.models.scan import scan, with_history
-from zoo.models.stack import RecurrentBlock
+from zoo.models.base import RecurrentBlock
 
 
 class MambaBlock(RecurrentBlock):

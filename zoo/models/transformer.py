@@ -11,12 +11,15 @@ Glossary: `embed` = E, `positions` = P (max_len × w), `blocks` = the L layers, 
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import nn
 
-from zoo.models.base import ZooModel
+from zoo.models.base import Family, ZooModel
+from zoo.schema import Strict
 from zoo.tasks.regression import Readout
 
 
@@ -64,3 +67,33 @@ class SoftmaxTransformer(ZooModel):
         for block in self.blocks:
             x = block(x, self.causal)
         return self.head(self.ln_out(x))
+
+
+# ---------------------------------------------------------------------------- the family
+class TransformerArch(Strict):
+    type: Literal["softmax_transformer"]
+    width: int = Field(64, gt=0)  # model width ("64 units")
+    n_layers: int = Field(1, ge=1)
+    heads: int = Field(1, ge=1)
+    mlp: bool = True  # a GELU MLP after each attention
+    causal: bool = False  # the regression prompt is unmasked in the blogpost setting
+    max_len: int = Field(256, gt=0)  # learned positions
+
+
+def build(arch: TransformerArch, task) -> SoftmaxTransformer:
+    return SoftmaxTransformer(
+        d_in=task.token_dim, d_out=task.d_out, readout=task.readout, width=arch.width, n_layers=arch.n_layers,
+        heads=arch.heads, mlp=arch.mlp, causal=arch.causal, max_len=arch.max_len,
+    )
+
+
+FAMILY = Family(
+    name="softmax_transformer",
+    arch=TransformerArch,
+    build=build,
+    card="""
+A GPT-2-style softmax transformer (pre-norm blocks, learned positions, no causal mask on the
+regression prompt), the blogpost's baseline: its memory grows with the prompt, so it has no
+recurrent form and no step graph.
+""",
+)

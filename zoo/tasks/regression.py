@@ -307,6 +307,23 @@ def line_search_eta(
     return (a + b) / 2
 
 
+def resolve_eta(eta: float | str, task, n_steps: int, validation_batch=None, ridge: float = 0.0) -> float:
+    """The η an entry asks for: a number, "analytic" (η*) or "line_search" (best GD loss for
+    `n_steps` steps on the validation split)."""
+    if isinstance(eta, (int, float)):
+        return float(eta)
+    if eta == "analytic":
+        return task.analytic_eta()
+    if validation_batch is None:
+        raise ValueError("eta = 'line_search' needs the validation split")
+    b = validation_batch
+
+    def loss(eta: float) -> float:
+        return task.loss(gd_predict(b, eta, steps=n_steps, ridge=ridge), b.query_targets).item()
+
+    return line_search_eta(loss, 0.0, 2.5 * task.analytic_eta())
+
+
 def prefix_gd_predict(batch: TaskBatch, etas: torch.Tensor) -> torch.Tensor:
     """One GD step from W = 0 on each prefix, applied to the next input: for t = 1..C,
     ŷ_{t+1} = η_t Σ_{s≤t} y_s x_sᵀ x_{t+1}  →  (B, C, d_y)."""

@@ -11,7 +11,6 @@ over 32 steps and are declared in the registry entry.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -62,9 +61,13 @@ class LSATeacherTask:
         w = {name: torch.randn(self.d, self.d, generator=g, dtype=torch.float64) * self.w_std for name in ("w_v", "w_k", "w_q")}
         return {k: v.to(dtype) for k, v in w.items()}
 
-    def teacher(self, dtype=torch.float64):
-        """The teacher as a zoo LSA module (causal, no residual, W_P = I); built once per dtype."""
-        return _teacher_module(self, dtype)
+    def teacher_outputs(self, x: torch.Tensor) -> torch.Tensor:
+        """y_t = Σ_{t' ≤ t} (W_V x_t')(W_K x_t')ᵀ (W_Q x_t) for x (B, T, d), in x's dtype."""
+        w = {k: v.to(x.device) for k, v in self.teacher_weights(x.dtype).items()}
+        q, k, v = x @ w["w_q"].T, x @ w["w_k"].T, x @ w["w_v"].T  # (B, T, d)
+        s = torch.arange(x.shape[1], device=x.device)
+        causal = (s <= s.unsqueeze(1)).to(x.dtype)  # (T, T): [t, t'] = 1 for t' ≤ t
+        return ((q @ k.transpose(1, 2)) * causal) @ v  # [t] = Σ_{t'} (k_t'ᵀ q_t) v_t'
 
     def sample(self, n: int, seed: int | None = None, *, generator: torch.Generator | None = None,
                device=None, dtype: torch.dtype = torch.float32, **_) -> SequenceBatch:
@@ -74,7 +77,7 @@ class LSATeacherTask:
             generator = torch.Generator(device=device or "cpu").manual_seed(seed)
         x = torch.randn((n, self.seq_len, self.d), generator=generator, device=generator.device, dtype=dtype) * self.x_std
         with torch.no_grad():  # float64, rounded: the same targets whatever the BLAS (frozen splits hash them)
-            y = self.teacher(torch.float64).to(x.device)(x.double()).to(dtype)
+            y = self.teacher_outputs(x.double()).to(dtype)
         return SequenceBatch(tokens=x, targets=y)
 
     def batch_from_arrays(self, x: torch.Tensor, y: torch.Tensor) -> SequenceBatch:
@@ -85,16 +88,3 @@ class LSATeacherTask:
     @staticmethod
     def loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return 0.5 * ((pred - target) ** 2).mean()
-
-
-@functools.lru_cache(maxsize=16)
-def _teacher_module(task: LSATeacherTask, dtype: torch.dtype):
-    from zoo.models.lsa import LinearSelfAttention
-
-    model = LinearSelfAttention(task.d, task.readout, attention="causal", residual=False).to(dtype)
-    with torch.no_grad():
-        layer = model.layers[0]
-        for name, value in task.teacher_weights(dtype).items():
-            getattr(layer, name).copy_(value)
-        layer.w_p.copy_(torch.eye(task.d, dtype=dtype))
-    return model.requires_grad_(False)
