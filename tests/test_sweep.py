@@ -93,6 +93,44 @@ def test_ensemble_sweep_saves_each_member_as_a_checkpoint(tmp_path):
     assert ckpt.provenance["ensemble"] == {"members": 2, "seeds": [0, 1]}
 
 
+@pytest.mark.parametrize("ensemble,seeds", [(False, [0]), (True, [0, 1])])
+def test_a_sweep_run_validates_its_entry_once_and_builds_its_model_once(tmp_path, monkeypatch, ensemble, seeds):
+    """`expand` validates each (entry, overrides) once and every run carries the result; each run's
+    model is built once: no second validation in the builder, no probe model to ask whether the
+    family vmaps, no reading an ensemble's members back from disk to fill in their rows."""
+    import zoo.builder
+    import zoo.checkpoint
+    import zoo.models
+    from zoo.registry import Entry
+
+    calls = {"validate": 0, "create_model": 0}
+    validate, create_model = Entry.model_validate.__func__, zoo.models.create_model
+
+    def counted_validate(cls, *args, **kwargs):
+        calls["validate"] += 1
+        return validate(cls, *args, **kwargs)
+
+    def counted_create_model(*args, **kwargs):
+        calls["create_model"] += 1
+        return create_model(*args, **kwargs)
+
+    spec = load_spec_text(tmp_path, 'name = "once"\nentries = ["lsa-d10-c10"]\nsteps = 2\n'
+                          f'seeds = {seeds}\nensemble = {str(ensemble).lower()}\n[grid]\n"source.batch_size" = [8]\n')
+    zoo.get_entry("lsa-d10-c10")  # the registry itself is loaded (and validated) once per process, not per run
+    monkeypatch.setattr(Entry, "model_validate", classmethod(counted_validate))
+    for module in (zoo.models, zoo.builder, zoo.checkpoint):  # every module that builds models by this name
+        monkeypatch.setattr(module, "create_model", counted_create_model)
+    rows = run_sweep(spec, tmp_path / "out", progress=False)
+    assert [r["status"] for r in rows] == (["built (ensemble of 2)"] * 2 if ensemble else ["built"])
+    assert calls == {"validate": 1, "create_model": len(seeds)}
+
+
+def load_spec_text(tmp_path, text: str):
+    path = tmp_path / "spec.toml"
+    path.write_text(text)
+    return load_spec(path)
+
+
 def test_ensemble_sweep_builds_constructed_and_unvmappable_entries_one_by_one(tmp_path):
     """`ensemble = true` over a mixed spec (the blogpost comparison): a constructed entry and an
     LSTM (fused kernels, no vmap rule) are built run by run instead of failing the sweep."""

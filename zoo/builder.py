@@ -24,7 +24,7 @@ def _prepare(name: str | Entry, overrides: dict | None):
     if overrides:
         entry = with_overrides(entry, overrides)
     spec = get_task_spec(entry.task)
-    validation, test = load_split(entry.task, "validation"), load_split(entry.task, "test")
+    validation, test = load_split(entry.task, "validation", spec=spec), load_split(entry.task, "test", spec=spec)
     hashes = {"validation": validation.sha256, "test": test.sha256}
     return entry, spec, spec.build(), validation, test, hashes
 
@@ -39,10 +39,12 @@ def build(
     overrides: dict | None = None,
     progress: bool = True,
     compiled: bool = False,
+    model: torch.nn.Module | None = None,
 ) -> Checkpoint:
     """Construct or train the entry `name` (or an Entry), evaluate it on its frozen test split,
     save it to `out`. `overrides` replaces dotted fields first ({"arch.hidden": 16});
-    `compiled` trains through torch.compile (zoo.train.step_functions: same data, same losses to rounding)."""
+    `compiled` trains through torch.compile (zoo.train.Step: same data, same losses to rounding).
+    `model`: the trained entry's `untrained_model` for this seed when the caller has built it already."""
     entry, spec, task, validation, test, hashes = _prepare(name, overrides)
     construction, history = None, []
 
@@ -54,8 +56,7 @@ def build(
         recipe = entry.source
         seed = recipe.seed if seed is None else seed
         dev = torch.device(device) if device else default_device()
-        torch.manual_seed(seed)  # the initial weights belong to the seed too
-        model = create_model(entry.arch, task)
+        model = untrained_model(entry, seed, task) if model is None else model
         construction = _initialise(entry, model, task, validation)
         if out is None:
             raise ValueError("training needs an output folder (out=...) for its resumable state")
@@ -71,6 +72,12 @@ def build(
             prov["compiled"] = True
 
     return _evaluate_and_save(entry, spec, model, prov, construction, history, out, validation, test)
+
+
+def untrained_model(entry: Entry, seed: int, task=None) -> torch.nn.Module:
+    """The trained entry's model before training: its initial weights belong to the seed too."""
+    torch.manual_seed(seed)
+    return create_model(entry.arch, task if task is not None else get_task_spec(entry.task).build())
 
 
 RUN_IDENTITY = "run.json"
@@ -160,10 +167,12 @@ def build_ensemble(
     overrides: dict | None = None,
     progress: bool = True,
     compiled: bool = False,
+    first: torch.nn.Module | None = None,
 ) -> list[Checkpoint]:
     """Train one member per seed in one batched computation (zoo/ensemble.py), then evaluate
     and save each as an ordinary checkpoint in `outs[i]`; `run_dir` holds the resumable state.
-    `compiled`: torch.compile the step where it is not replayed as a CUDA graph already."""
+    `compiled`: torch.compile the step where it is not replayed as a CUDA graph already.
+    `first`: the first seed's `untrained_model` when the caller has built it already."""
     from zoo.ensemble import train_ensemble
 
     entry, spec, task, validation, test, hashes = _prepare(name, overrides)
@@ -172,9 +181,10 @@ def build_ensemble(
     dev = torch.device(device) if device else default_device()
 
     constructions = []  # what `source.init` did: the same for every member
+    prebuilt = [] if first is None else [first]
 
-    def make_member():
-        model = create_model(entry.arch, task)
+    def make_member():  # called after torch.manual_seed(seed), as `untrained_model` draws the first
+        model = prebuilt.pop() if prebuilt else create_model(entry.arch, task)
         constructions.append(_initialise(entry, model, task, validation))
         return model
 

@@ -21,13 +21,16 @@ from __future__ import annotations
 import itertools
 import json
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from zoo.metrics import METRICS
+
+if TYPE_CHECKING:
+    from zoo.registry import Entry
 
 RESULT_COLUMNS = tuple(m.key for m in METRICS if m.in_sweeps)
 
@@ -50,6 +53,8 @@ class Run:
     entry: str
     seed: int | None
     overrides: dict[str, Any]
+    # the entry with its overrides, validated once by `expand`: building the run uses it as it is
+    config: Entry = field(compare=False, repr=False)
 
     @property
     def name(self) -> str:
@@ -67,7 +72,8 @@ def load_spec(path: str | Path) -> SweepSpec:
 
 
 def expand(spec: SweepSpec) -> list[Run]:
-    """The runs of a spec, validated against the registry before anything trains."""
+    """The runs of a spec, validated against the registry before anything trains (the only time
+    a run's entry is validated: each run carries the result)."""
     from zoo.registry import get_entry, with_overrides
 
     keys = list(spec.grid)
@@ -81,30 +87,43 @@ def expand(spec: SweepSpec) -> list[Run]:
         combos = itertools.product(*(spec.grid[k] for k in applicable))
         for combo in dict.fromkeys(tuple(zip(applicable, values)) for values in combos):
             overrides = dict(combo)
-            with_overrides(entry, overrides)  # fail now, not after hours of training
-            runs.extend(Run(name, seed, overrides) for seed in seeds)
+            config = with_overrides(entry, overrides) if overrides else entry  # fail now, not after hours of training
+            runs.extend(Run(name, seed, overrides, config) for seed in seeds)
     return runs
 
 
 def run_one(run: Run, out_dir: str, steps: int | None, device: str | None, threads: int | None = None,
-            compiled: bool = False) -> dict:
-    """Build one run (or read it back when finished) and return its results row."""
+            compiled: bool = False, model=None) -> dict:
+    """Build one run (or read it back when finished) and return its results row. `model`: the run's
+    untrained model when the caller has built it already (`run_group`)."""
     from zoo.builder import build
     from zoo.checkpoint import CONFIG, read_checkpoint
 
     _limit_threads(threads)
-
     folder = Path(out_dir) / run.name
     if (folder / CONFIG).exists():
-        ckpt, status = read_checkpoint(folder), "cached"
-    else:
-        ckpt = build(run.entry, folder, steps=steps, device=device, seed=run.seed, overrides=run.overrides,
-                     progress=False, compiled=compiled)
-        status = "built"
+        return result_row(run, read_checkpoint(folder), "cached")
+    _register_task_variant(run)
+    ckpt = build(run.config, folder, steps=steps, device=device, seed=run.seed, progress=False, compiled=compiled,
+                 model=model)
+    return result_row(run, ckpt, "built")
+
+
+def result_row(run: Run, ckpt, status: str) -> dict:
     row = {"run": run.name, "entry": run.entry, "seed": run.seed, **run.overrides, "status": status,
            "steps": ckpt.provenance.get("steps"), "parameters": sum(p.numel() for p in ckpt.model.parameters())}
     row.update({k: ckpt.metrics[k] for k in RESULT_COLUMNS if k in ckpt.metrics})
     return row
+
+
+def _register_task_variant(run: Run) -> None:
+    """`task.*` overrides name a task variant that `expand` registered in its own process; a Ray
+    worker is a fresh one, where the variant is registered again (the task, not the entry, is checked)."""
+    from zoo.registry import default_registry, get_entry, task_variant
+
+    fields = {k.split(".", 1)[1]: v for k, v in run.overrides.items() if k.startswith("task.")}
+    if fields and run.config.task not in default_registry().tasks:
+        task_variant(get_entry(run.entry).task, fields)
 
 
 def _limit_threads(threads: int | None) -> None:
@@ -117,38 +136,28 @@ def _limit_threads(threads: int | None) -> None:
 def run_group(runs: list[Run], out_dir: str, steps: int | None, device: str | None, threads: int | None = None,
               compiled: bool = False) -> list[dict]:
     """Runs that differ only in their seed: trained together as an ensemble when there are
-    several unfinished ones, then read back like any run."""
+    several unfinished ones and their model can be vmapped, else built one by one."""
+    from zoo.builder import build_ensemble, untrained_model
     from zoo.checkpoint import CONFIG
-
     from zoo.train import on_cuda
 
     pending = [r for r in runs if not (Path(out_dir) / r.name / CONFIG).exists()]
     _limit_threads(threads)
+    first, model = (pending[0] if pending else None), None
     # On a GPU even one run goes through the ensemble trainer: its step is one CUDA graph replay.
-    batched = bool(pending) and (len(pending) > 1 or on_cuda(device)) and ensemble_capable(pending[0])
-    if batched:
-        from zoo.builder import build_ensemble
-
-        first = pending[0]
-        build_ensemble(first.entry, [r.seed for r in pending], [Path(out_dir) / r.name for r in pending],
-                       run_dir=Path(out_dir) / ".ensembles" / first.name.replace(f"--seed{first.seed}", ""),
-                       steps=steps, device=device, overrides=first.overrides, progress=False, compiled=compiled)
-    rows = [run_one(r, out_dir, steps, device, compiled=compiled) for r in runs]
-    for r, row in zip(runs, rows):
-        if batched and r in pending:
-            row["status"] = f"built (ensemble of {len(pending)})"
-    return rows
-
-
-def ensemble_capable(run: Run) -> bool:
-    """Trained, and its model can be vmapped (constructed entries and fused LSTM/GRU kernels cannot)."""
-    from zoo.models import create_model
-    from zoo.registry import get_entry, get_task_spec, with_overrides
-
-    entry = with_overrides(get_entry(run.entry), run.overrides) if run.overrides else get_entry(run.entry)
-    if entry.source.kind != "trained":
-        return False
-    return getattr(create_model(entry.arch, get_task_spec(entry.task).build()), "vmappable", True)
+    if first and first.config.source.kind == "trained" and (len(pending) > 1 or on_cuda(device)):
+        # The first run's untrained model, built once: it says whether the family can be vmapped
+        # (fused LSTM/GRU kernels cannot), then trains as the ensemble's first member or on its own.
+        _register_task_variant(first)
+        model = untrained_model(first.config, first.seed)
+    if model is None or not getattr(model, "vmappable", True):
+        return [run_one(r, out_dir, steps, device, compiled=compiled, model=model if r is first else None) for r in runs]
+    ckpts = build_ensemble(first.config, [r.seed for r in pending], [Path(out_dir) / r.name for r in pending],
+                           run_dir=Path(out_dir) / ".ensembles" / first.name.replace(f"--seed{first.seed}", ""),
+                           steps=steps, device=device, progress=False, compiled=compiled, first=model)
+    built = {r.name: ckpt for r, ckpt in zip(pending, ckpts)}
+    return [result_row(r, built[r.name], f"built (ensemble of {len(pending)})") if r.name in built
+            else run_one(r, out_dir, steps, device, compiled=compiled) for r in runs]
 
 
 def groups_of(runs: list[Run], ensemble: bool) -> list[list[Run]]:
