@@ -27,20 +27,6 @@ def stack(spec, n_layers=2, width=8):
     return create_model(RecurrentStackArch(width=width, n_layers=n_layers, hidden=6, **spec), TASK).double()
 
 
-@pytest.mark.parametrize("spec", STACKS, ids=lambda s: "-".join(str(v) for v in s.values()))
-def test_forward_equals_iterated_step(spec):
-    model = stack(spec)
-    tokens = TASK.sample(3, seed=1, dtype=torch.float64).tokens  # (3, 10, 5)
-    full = model(tokens)
-    state, outs = model.init_state(3), []
-    for t in range(tokens.shape[1]):
-        out, state = model.step(tokens[:, t], state)
-        outs.append(out)
-    torch.testing.assert_close(torch.stack(outs, 1), full, rtol=0, atol=1e-11)
-    assert full.shape == (3, 10, TASK.d_out)
-    assert len(model.state_names()) == len(state)
-
-
 def test_lru_is_the_complex_recurrence_of_eqs_6_to_9():
     """Against a direct implementation with torch's complex numbers."""
     torch.manual_seed(1)

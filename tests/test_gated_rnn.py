@@ -40,27 +40,21 @@ def test_parallel_scan_equals_sequential(T):
     torch.testing.assert_close(parallel_scan(a, b)[:, t], expected, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("recurrence", ["diagonal", "dense"])
-def test_forward_equals_iterated_step_and_eq2(recurrence):
+def test_forward_is_eq2_in_both_scan_forms():
+    """The parallel and sequential scans agree, and equal Eq. 2 written out (forward ≡ step for every
+    recurrence is tests/test_recurrence.py)."""
     torch.manual_seed(0)
-    rnn = GatedLinearRNN(5, 5, READOUT, hidden=12, gates=9, recurrence=recurrence).double()
+    rnn = GatedLinearRNN(5, 5, READOUT, hidden=12, gates=9).double()
     x = torch.randn(4, 20, 5, dtype=torch.float64)
-    full = rnn(x, parallel=True) if recurrence == "diagonal" else rnn(x)
-    state, outs = rnn.init_state(4), []
-    for t in range(20):
-        out, state = rnn.step(x[:, t], state)
-        outs.append(out)
-    torch.testing.assert_close(torch.stack(outs, 1), full, rtol=1e-10, atol=1e-10)
-    if recurrence == "diagonal":
-        torch.testing.assert_close(rnn(x, parallel=False), full, rtol=1e-10, atol=1e-10)
-        # Eq. 2 written out for the last step
-        x1 = torch.cat([x, torch.ones_like(x[..., :1])], -1)
-        u = (x1 @ rnn.w_m_in.T) * (x1 @ rnn.w_x_in.T)
-        lam = torch.exp(-torch.exp(rnn.nu))
-        h = sum(lam ** (19 - s) * u[:, s] for s in range(20))
-        y = ((h @ rnn.w_m_out.T) * (h @ rnn.w_x_out.T)) @ rnn.readout_matrix.T
-        torch.testing.assert_close(full[:, -1], y, rtol=1e-10, atol=1e-10)
-        assert ((lam >= 0) & (lam <= 1)).all()
+    full = rnn(x, parallel=True)
+    torch.testing.assert_close(rnn(x, parallel=False), full, rtol=1e-10, atol=1e-10)
+    x1 = torch.cat([x, torch.ones_like(x[..., :1])], -1)
+    u = (x1 @ rnn.w_m_in.T) * (x1 @ rnn.w_x_in.T)
+    lam = torch.exp(-torch.exp(rnn.nu))
+    h = sum(lam ** (19 - s) * u[:, s] for s in range(20))
+    y = ((h @ rnn.w_m_out.T) * (h @ rnn.w_x_out.T)) @ rnn.readout_matrix.T
+    torch.testing.assert_close(full[:, -1], y, rtol=1e-10, atol=1e-10)
+    assert ((lam >= 0) & (lam <= 1)).all()
 
 
 @pytest.mark.parametrize("recurrence", ["diagonal", "dense"])

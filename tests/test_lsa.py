@@ -61,23 +61,6 @@ def test_multi_layer_causal_is_not_multi_step_gd(rng):
     assert (pred - gd_predict(b, eta, steps=2)).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("attention", ["causal", "strict_causal"])
-@pytest.mark.parametrize("n_layers,loops", [(1, 1), (3, 1), (1, 3)])
-def test_forward_equals_iterated_step(attention, n_layers, loops):
-    torch.manual_seed(0)
-    d = 7
-    model = LinearSelfAttention(d, TASKS[0].readout, n_layers=n_layers, attention=attention, loops=loops,
-                                damping=0.8, init_std=0.3).double()
-    tokens = torch.randn(4, 25, d, dtype=torch.float64)
-    full = model(tokens)
-    state = model.init_state(4)
-    outs = []
-    for t in range(tokens.shape[1]):
-        out, state = model.step(tokens[:, t], state)
-        outs.append(out)
-    torch.testing.assert_close(torch.stack(outs, 1), full, rtol=1e-10, atol=1e-10)
-
-
 def test_context_attention_has_no_recurrence():
     model = LinearSelfAttention(4, TASKS[0].readout, attention="context")
     with pytest.raises(NotRecurrentError, match="strict_causal"):

@@ -1,17 +1,35 @@
-"""The recurrent-state contract, once for every recurrent registry entry, in float64:
+"""The recurrent-state contract, once, for every recurrent registry entry (and a few variants of
+them that the registry does not pin: deeper, looped, dense, windowed), in float64:
 
     forward(tokens)                  = step iterated from init_state
     forward_chunk(tokens, state)     = step iterated from `state` (any state reached mid-stream)
     forward_chunk over two pieces    = forward_chunk over the whole, states carried
+    the exported fp32 step graph     = step iterated, streamed through ONNX Runtime
 
-The ONNX side of the same contract (step and chunk graphs against torch) is in test_export.py."""
+and the state interface a model declares once (`state_shapes`) is what `init_state`, `step`,
+`check_state` and the graph's state inputs use. Longer streams and the chunk graph are in
+test_export.py."""
 
+import numpy as np
 import pytest
 import torch
 
+from icl_zoo_export import StreamingSession, export_step
 from zoo.constructions import construct
 from zoo.models import create_model
-from zoo.registry import get_task_spec, list_entries
+from zoo.registry import get_entry, get_task_spec, list_entries, with_overrides
+
+# Variants of registry entries that exercise code paths no entry pins (overrides are validated
+# like registry entries).
+VARIANTS = [
+    ("lsa-d10-c10", {"arch.attention": "causal", "arch.n_layers": 3, "arch.damping": 0.8, "arch.init_std": 0.3}),
+    ("lsa-d10-c10", {"arch.loops": 3, "arch.damping": 0.8, "arch.init_std": 0.3}),
+    ("gated-rnn-zucchet-icl", {"arch.recurrence": "dense", "arch.hidden": 12, "arch.gates": 9}),
+    ("gd-ssm-nd", {"arch.window": 4, "arch.n_layers": 3, "arch.value_dim": 4, "arch.ridge": 0.3, "arch.lambda_range": [0.5, 0.99]}),
+    ("gd-ssm-nd", {"arch.n_layers": 2, "arch.embed": 5, "arch.mlp": 7, "arch.zero_output": True}),
+    ("mamba-1d", {"arch.n_layers": 2, "arch.state_size": 4, "arch.width": 8}),
+    ("griffin-1d", {"arch.n_layers": 3, "arch.window": 3, "arch.width": 8}),
+]
 
 
 def _signature(entry) -> tuple:
@@ -19,16 +37,19 @@ def _signature(entry) -> tuple:
     return entry.arch.model_dump_json(), get_task_spec(entry.task).build().token_dim, entry.source.kind
 
 
-def _recurrent_entries():
+def _recurrent_cases():
     out = {}
     for entry in list_entries():
         task = get_task_spec(entry.task).build()
         if create_model(entry.arch, task).recurrent:
-            out.setdefault(_signature(entry), entry)
+            out.setdefault(_signature(entry), (entry.name, entry))
+    for base, overrides in VARIANTS:
+        name = base + "".join(f"--{k.split('.')[-1]}={v}" for k, v in overrides.items())
+        out[name] = (name, with_overrides(get_entry(base), overrides))
     return list(out.values())
 
 
-RECURRENT = _recurrent_entries()
+RECURRENT = _recurrent_cases()
 
 
 def model_for(entry):
@@ -37,6 +58,11 @@ def model_for(entry):
     model = create_model(entry.arch, task).double().eval()
     if entry.source.kind == "constructed":
         construct(entry, model, task, task.sample(2000, seed=5, dtype=torch.float64))
+    else:
+        with torch.no_grad():  # zero-initialised factors (a gated unit's output, D) would hide what they multiply
+            for p in model.parameters():
+                if not p.any():
+                    p.normal_(0.0, 0.3)
     return model, task
 
 
@@ -54,17 +80,24 @@ def close(a, b, what):
 
 
 def test_every_recurrent_family_is_covered():
-    types = {e.arch.type for e in RECURRENT}
-    assert types >= {"lsa", "gated_rnn", "gd_ssm", "lru", "s5", "lstm", "gru", "mamba", "griffin"}, types
+    types = {e.arch.type for _, e in RECURRENT}
+    assert types >= {"lsa", "gated_rnn", "gd_ssm", "fast_weight", "lru", "s5", "lstm", "gru", "mamba", "griffin"}, types
 
 
-@pytest.mark.parametrize("entry", RECURRENT, ids=lambda e: e.name)
-def test_forward_and_forward_chunk_equal_iterated_step(entry):
+@pytest.mark.parametrize("entry", [e for _, e in RECURRENT], ids=[n for n, _ in RECURRENT])
+def test_forward_equals_iterated_step_equals_onnx(entry, tmp_path):
     model, task = model_for(entry)
     b = task.sample(6, seed=11, dtype=torch.float64)
     tokens = b.tokens.reshape(3, -1, task.token_dim)  # two prompts back to back: a stream of 2 n_tokens
     with torch.no_grad():
-        ref, _ = stepped(model, tokens, model.init_state(3))
+        # the declared state: names, zero state and shapes agree, and check_state holds `step` to them
+        zero = model.init_state(3)
+        assert [(n, (3, *s)) for n, s in model.state_shapes()] == [(n, tuple(z.shape)) for n, z in zip(model.state_names(), zero)]
+        assert all(not z.any() and z.dtype == torch.float64 for z in zero)
+        ref, final = stepped(model, tokens, zero)
+        model.check_state(final, batch=3)
+        with pytest.raises(ValueError, match="state"):
+            model.check_state(final[:-1] if len(final) > 1 else (final[0][:1],), batch=3)
         close(model(tokens), ref, "forward vs step")
         # from a state reached mid-stream (not zeros), in two pieces of uneven length
         cut = task.n_tokens + 3
@@ -72,21 +105,24 @@ def test_forward_and_forward_chunk_equal_iterated_step(entry):
         first, state = model.forward_chunk(tokens[:, cut : cut + 4], mid_state)
         second, state = model.forward_chunk(tokens[:, cut + 4 :], state)
         close(torch.cat([mid_out, first, second], dim=1), ref, "forward_chunk from a carried state vs step")
-        _, final = stepped(model, tokens, model.init_state(3))
         for name, got, want in zip(model.state_names(), state, final):
             close(got, want, f"state {name} after the stream")
         whole, _ = model.forward_chunk(tokens, None)
         close(whole, ref, "forward_chunk from None (the zero state) vs step")
+        fp32 = stepped(model.float(), tokens.float(), model.init_state(3))[0].double()
+    # The step graph is the fp32 model: streamed token by token through ONNX Runtime it is as close
+    # to the float64 reference as torch's own fp32 steps are (the constructed LSTM amplifies fp32
+    # rounding by 16/ε³, so the bound is relative to fp32 torch, with a floor for exact models).
+    session = StreamingSession(export_step(model, tmp_path / "model_step.onnx", entry_name=entry.name))
+    session.reset(3)
+    assert session.state_shapes(3) == {f"state_in.{n}": (3, *shape) for n, shape in model.state_shapes()}
+    got = torch.from_numpy(np.stack([session.push(tokens[:, t].float().numpy()) for t in range(tokens.shape[1])], 1)).double()
+    scale = max(1.0, ref.abs().max().item())
+    err, err_fp32 = (got - ref).abs().max().item(), (fp32 - ref).abs().max().item()
+    assert err <= 4 * err_fp32 + 2e-6 * scale, f"ONNX step stream: max error {err:.2e}, fp32 torch {err_fp32:.2e}"
 
 
-def _entries_by_code_path():
-    out = {}
-    for entry in list_entries():
-        out.setdefault(_signature(entry), entry)
-    return list(out.values())
-
-
-@pytest.mark.parametrize("entry", _entries_by_code_path(), ids=lambda e: e.name)
+@pytest.mark.parametrize("entry", list({_signature(e): e for e in list_entries()}.values()), ids=lambda e: e.name)
 def test_predict_equals_the_read_out_of_forward(entry):
     """`predict` may take a shortcut to the read-out (the gated RNN and GD-SSM compute their one
     query's state as a weighted sum, and their output there only): for every registry code path,

@@ -10,6 +10,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from zoo.analysis import plots
 from zoo.metrics import METRICS
+from zoo.models import FAMILY_OF_TYPE
 
 REPO_URL = "https://github.com/icl-zoo/icl-zoo"
 CARD_MARKER = "icl-zoo model card: generated from config.json and eval_results.json; zoo publish re-renders it"
@@ -24,18 +25,24 @@ def templates_dir() -> Path:
     raise FileNotFoundError("model card templates not found (model_cards/card.md.j2)")
 
 
-def _families() -> dict:
-    return tomllib.loads((templates_dir() / "families.toml").read_text())
+def _papers() -> dict:
+    return tomllib.loads((templates_dir() / "papers.toml").read_text())
 
 
-def family(entry) -> dict:
-    return _families().get(Path(entry.file).stem, {"prose": "", "citation": ""})
+def prose(entry) -> str:
+    """What the architecture is (its family's prose), then the setting of the paper file that declares the entry."""
+    setting = _papers().get(Path(entry.file).stem, {}).get("prose", "")
+    return "\n\n".join(part.strip() for part in (FAMILY_OF_TYPE[entry.arch.type].card, setting) if part.strip())
+
+
+def citation(entry) -> str:
+    return _papers().get(Path(entry.file).stem, {}).get("citation", "").strip()
 
 
 def paper_links(entry) -> list[dict]:
-    """The seed papers an entry's `paper` field names: {title, href, arxiv} each (families.toml)."""
+    """The seed papers an entry's `paper` field names: {title, href, arxiv} each (papers.toml)."""
     links = []
-    for word, link in _families().get("paper_links", {}).items():
+    for word, link in _papers().get("paper_links", {}).items():
         if word in entry.paper:
             href = link.get("url") or f"https://arxiv.org/abs/{link['arxiv']}"
             links.append({"title": link["title"], "href": href, "arxiv": link.get("arxiv")})
@@ -132,7 +139,6 @@ def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
     a = entry.arch
     arch_summary = f"`{a.type}` — " + ", ".join(f"{k}={v}" for k, v in a.model_dump().items() if k != "type")
     expected = entry.expected.get("test_loss")
-    fam = family(entry)
     from zoo.expected import check
     from zoo.registry import default_registry
 
@@ -153,8 +159,8 @@ def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
         arch_summary=arch_summary,
         source_summary=source_summary,
         expected_loss=f"{expected.value:g}" if expected else "",
-        family_prose=fam["prose"].strip(),
-        citation=fam["citation"].strip(),
+        family_prose=prose(entry),
+        citation=citation(entry),
         repo_id=repo_id or f"icl-zoo/{entry.name}",
         load_name=load_name,
         marker=CARD_MARKER,

@@ -16,12 +16,6 @@ from typing import Annotated, Literal, Union, get_args
 from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from zoo.models import CONSTRUCTIONS, FAMILIES, construction_problem as family_construction_problem
-from zoo.models.fast_weight import FastWeightArch
-from zoo.models.gated_rnn import GatedRNNArch
-from zoo.models.gd_ssm import GDSSMArch
-from zoo.models.lsa import LSAArch
-from zoo.models.stack import RecurrentStackArch
-from zoo.models.transformer import TransformerArch
 from zoo.schema import Strict
 
 ENTRIES_DIR = Path(__file__).parent / "entries"

@@ -1,13 +1,15 @@
 """Model families, one file each: its model, its arch config schema, its `build`, its analytic
 constructions with their applicability rules and its card prose (`FAMILY` at the end of the file).
 
-Adding a family: write zoo/models/<family>.py ending with `FAMILY = Family(...)`, list it in
-FAMILIES below, declare its entries in a TOML file of zoo/entries/, and add it to the README table.
+Adding a family: write zoo/models/<family>.py ending with `FAMILY = Family(...)` (it is found
+here), declare its entries in a TOML file of zoo/entries/, and add it to the README table.
 """
 
 from __future__ import annotations
 
-from zoo.models import fast_weight, gated_rnn, gd_ssm, lsa, stack, transformer
+import importlib
+import pkgutil
+
 from zoo.models.base import ConstructionRule, Family, NotRecurrentError, ZooModel
 from zoo.models.fast_weight import FastWeightRNN
 from zoo.models.gated_rnn import GatedLinearRNN
@@ -16,7 +18,14 @@ from zoo.models.lsa import LinearSelfAttention
 from zoo.models.stack import SequenceStack
 from zoo.models.transformer import SoftmaxTransformer
 
-FAMILIES: tuple[Family, ...] = (lsa.FAMILY, gated_rnn.FAMILY, gd_ssm.FAMILY, fast_weight.FAMILY, stack.FAMILY, transformer.FAMILY)
+
+def _discover() -> tuple[Family, ...]:
+    """The FAMILY of every module of this package that declares one (block and scan modules do not)."""
+    modules = (importlib.import_module(f"{__name__}.{m.name}") for m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name))
+    return tuple(m.FAMILY for m in modules if isinstance(getattr(m, "FAMILY", None), Family))
+
+
+FAMILIES: tuple[Family, ...] = _discover()
 FAMILY_OF_TYPE: dict[str, Family] = {t: f for f in FAMILIES for t in f.arch_types}  # arch type → its family
 CONSTRUCTIONS: dict[str, tuple[Family, ConstructionRule]] = {
     name: (f, rule) for f in FAMILIES for name, rule in f.constructions.items()
