@@ -38,7 +38,7 @@ from pydantic import Field
 from torch import nn
 
 from zoo.models.base import ConstructionRule, Family, ZooModel
-from zoo.models.lsa import implemented_lsa, lsa_problem
+from zoo.models.lsa import implemented_lsa, lsa_problem, lsa_width
 from zoo.models.scan import last_state, scan
 from zoo.schema import Strict
 from zoo.tasks.regression import Readout
@@ -202,7 +202,7 @@ def _rnn_from_lsa_problem(arch: GatedRNNArch, task, source) -> str | None:
     problem = lsa_problem(task, source)
     if problem:
         return problem
-    d = task.d if task.kind == "lsa_teacher" else task.d_x + task.d_y
+    d = lsa_width(task)
     if arch.recurrence != "diagonal":
         return "'rnn_from_lsa' needs arch type 'gated_rnn' with diagonal recurrence"
     hidden = (d * (d + 1) // 2 if source.compact else d * d) + d

@@ -236,6 +236,11 @@ def implemented_lsa(task, source, validation_batch=None) -> tuple[tuple[torch.Te
     return (w["w_p"] @ w["w_v"], w["w_k"], w["w_q"]), {"lsa": "gd", "eta": eta}
 
 
+def lsa_width(task) -> int:
+    """d, the token width of the LSA layer a recurrent construction implements on `task`."""
+    return task.d if task.kind == "lsa_teacher" else task.d_x + task.d_y
+
+
 def lsa_problem(task, source) -> str | None:
     """Why the LSA a recurrent construction implements (`source.lsa`) does not exist for `task`."""
     if source.lsa == "teacher" and task.kind != "lsa_teacher":

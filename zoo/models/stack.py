@@ -26,7 +26,7 @@ from zoo.models.base import ConstructionRule, Family, NotRecurrentError, Recurre
 from zoo.models.classic_rnn import GRUBlock, LSTMBlock
 from zoo.models.griffin import GriffinRecurrentBlock, LocalAttentionBlock
 from zoo.models.lru import LRUBlock, S5Block
-from zoo.models.lsa import implemented_lsa, lsa_problem
+from zoo.models.lsa import implemented_lsa, lsa_problem, lsa_width
 from zoo.models.mamba import MambaBlock
 from zoo.schema import Strict
 from zoo.tasks.regression import Readout
@@ -179,7 +179,7 @@ def _lstm_from_lsa_problem(arch: RecurrentStackArch, task, source) -> str | None
     problem = lsa_problem(task, source)
     if problem:
         return problem
-    d = task.d if task.kind == "lsa_teacher" else task.d_x + task.d_y
+    d = lsa_width(task)
     if arch.type != "lstm" or arch.n_layers != 1 or arch.width != lstm_width(d):
         return f"'lstm_from_lsa' needs one 'lstm' layer of width 4d² = {lstm_width(d)}"
     return None
