@@ -151,3 +151,24 @@ def test_every_metric_evaluation_writes_is_declared_once():
     released = json.loads((Path(__file__).parents[1] / "release" / "gated-rnn-zucchet-icl" / "eval_results.json").read_text())
     scalars = {k for k, v in released.items() if isinstance(v, (int, float)) and k not in ("n_tasks", "gd_eta")}
     assert scalars <= set(metrics.BY_KEY), scalars - set(metrics.BY_KEY)
+
+
+def test_a_family_is_one_module():
+    """Everything a family declares (schema, build, construction rules, card prose) comes from the
+    module of its model, and the registry's schemas are exactly the families' (nothing dispatches
+    on an arch type elsewhere)."""
+    from typing import get_args
+
+    from zoo.models import CONSTRUCTIONS, FAMILIES, FAMILY_OF_TYPE
+    from zoo.registry import Arch, ConstructionName
+
+    assert {f.name for f in FAMILIES} >= {"lsa", "gated_rnn", "gd_ssm", "fast_weight", "stack", "softmax_transformer"}
+    for family in FAMILIES:
+        home = family.build.__module__
+        assert family.arch.__module__ == home and family.card.strip(), family.name
+        for name, rule in family.constructions.items():
+            assert getattr(rule.problem, "func", rule.problem).__module__ == home, (family.name, name)
+    assert set(get_args(get_args(Arch)[0])) == {f.arch for f in FAMILIES}
+    assert set(get_args(ConstructionName)) == set(CONSTRUCTIONS)
+    used = {e.arch.type for e in list_entries()}
+    assert used <= set(FAMILY_OF_TYPE), used - set(FAMILY_OF_TYPE)
