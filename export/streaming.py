@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from icl_zoo_export.onnx_export import CHUNK_FILE, STEP_FILE
+from zoo.locate import resolve
+from zoo.manifest import CHUNK_FILE, STEP_FILE, CheckpointError, verify_files
 
 CHUNK = 1024  # most tokens per run of a chunk graph valid for any T: its outputs are buffered, the state is not
 # The parallel chunk graph does O(T log T) work per stream against the scanned step graph's O(T):
@@ -39,9 +40,8 @@ class StreamError(ValueError):
 
 def _resolve(path_or_repo: str | Path, revision: str | None, endpoint: str | None) -> tuple[Path, Path | None]:
     """The step graph, and the chunk graph beside it (None if there is none): a checkpoint's (or a
-    given step graph's folder's) chunk graph is taken only when its config lists it and it verifies."""
-    from zoo.checkpoint import CheckpointError, verify_files
-
+    given step graph's folder's) chunk graph is taken only when its config lists it and it verifies.
+    A folder, Hub repo or bare released name (zoo.locate) is hash-checked by zoo.manifest: no torch."""
     p = Path(path_or_repo)
     if p.is_file():  # a bare graph: its sibling chunk graph only from a checkpoint folder that verifies and lists it
         sibling = p.with_name(CHUNK_FILE)
@@ -52,8 +52,6 @@ def _resolve(path_or_repo: str | Path, revision: str | None, endpoint: str | Non
         except (CheckpointError, OSError):
             listed = {}
         return p, sibling if CHUNK_FILE in listed else None
-    from zoo.release import resolve
-
     folder = p if p.is_dir() else resolve(str(path_or_repo), revision=revision, endpoint=endpoint)
     verified = verify_files(folder)  # every recorded hash, the ONNX graphs included, before a session runs them
     step = folder / STEP_FILE
@@ -166,7 +164,7 @@ class StreamingSession:
             else:
                 import onnx
 
-                from icl_zoo_export.onnx_export import scan_step_graph
+                from icl_zoo_export.scan_graph import scan_step_graph
 
                 graph = scan_step_graph(onnx.load(str(self.path)))
                 session = ort.InferenceSession(graph.SerializeToString(), self._options, providers=self._providers)

@@ -18,7 +18,7 @@ for name, spec in sorted(default_registry().tasks.items()):
     for split in spec.splits:
         start = time.perf_counter()
         try:
-            load_split(name, split)
+            load_split(name, split, spec=spec)
             print(f"ok   {name}/{split} ({time.perf_counter() - start:.1f} s)")
         except Exception as err:  # report every split, then fail
             bad += 1

@@ -114,3 +114,41 @@ def test_unknown_architecture_is_refused(constructed, tmp_path):
     (dst / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="not understood by icl-zoo"):
         zoo.load(dst)
+
+
+# ---------------------------------------------------------------- who writes the ONNX graphs
+def test_checkpoint_layer_imports_no_export():
+    """zoo.checkpoint saves weights, metrics, config and card; the export layer above adds the graphs."""
+    import ast
+    import inspect
+
+    import zoo.checkpoint
+
+    nodes = list(ast.walk(ast.parse(inspect.getsource(zoo.checkpoint))))  # in-function imports included
+    imported = {n.module for n in nodes if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in nodes if isinstance(n, ast.Import) for a in n.names}
+    assert not {m for m in imported if m and (m.split(".")[0] == "icl_zoo_export" or m in ("zoo.release", "zoo.hub"))}
+
+
+def test_save_checkpoint_writes_exactly_the_released_files(tmp_path, monkeypatch):
+    """icl_zoo_export.save_checkpoint gives a released checkpoint's folder back file for file, graphs
+    hashed in config.json; a plain save_pretrained writes no graphs and drops ones left in the folder."""
+    from icl_zoo_export import save_checkpoint
+    from zoo.locate import release_dir
+    from zoo.manifest import GRAPH_FILES, verify_files
+
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    name = "gated-rnn-zucchet-icl"  # recurrent: model.onnx, model_step.onnx and model_chunk.onnx
+    ckpt = zoo.load(name)
+    out = save_checkpoint(ckpt, tmp_path / name)
+    released = sorted(p.name for p in (release_dir() / name).iterdir())
+    assert sorted(p.name for p in out.iterdir()) == released
+    files = verify_files(out)["files"]
+    assert set(GRAPH_FILES) <= set(files)
+    assert "from icl_zoo_export import StreamingSession" in (out / "README.md").read_text()
+
+    ckpt.save_pretrained(out)  # the huggingface_hub path: no graphs, none left behind unhashed or stale
+    assert not any((out / g).exists() for g in GRAPH_FILES)
+    assert not set(GRAPH_FILES) & set(verify_files(out)["files"])
+    assert "StreamingSession" not in (out / "README.md").read_text()
+    assert zoo.load(out).metrics == ckpt.metrics

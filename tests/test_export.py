@@ -330,3 +330,49 @@ def test_chunk_graph_under_plain_onnxruntime(name, tmp_path):
     too_long = np.zeros((2, model.chunk_len + 1, model.d_in), np.float32)
     with pytest.raises(Exception, match="out of data bounds"):
         session.run(None, {"tokens": too_long, **state})
+
+
+# ---------------------------------------------------------------- layering: streaming needs no torch
+STREAM_WITHOUT_TORCH = """
+import sys
+import numpy as np
+from icl_zoo_export import StreamingSession
+for where in sys.argv[1:]:  # a checkpoint folder, then a bare released entry name
+    session = StreamingSession(where)
+    session.reset(2)
+    assert session.push(np.zeros((2, 3, session.d_in), np.float32)).shape == (2, 3, session.d_out)
+loaded = sorted(m for m in ("torch", "safetensors.torch", "pydantic", "zoo.checkpoint", "zoo.release", "zoo.registry",
+                            "zoo.hub", "icl_zoo_export.onnx_export") if m in sys.modules)
+print("loaded:", loaded)
+"""
+
+
+def test_streaming_a_checkpoint_imports_no_torch(tmp_path):
+    """The streaming runtime resolves (zoo.locate) and hash-checks (zoo.manifest) a checkpoint folder or
+    a bare released name without the checkpoint layer, the registry or torch."""
+    import shutil
+    import subprocess
+    import sys
+
+    from zoo.locate import release_dir
+
+    name = "gated-rnn-zucchet-icl"
+    shutil.copytree(release_dir() / name, tmp_path / "ckpt")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "HF_ENDPOINT"}
+    out = subprocess.run([sys.executable, "-c", STREAM_WITHOUT_TORCH, str(tmp_path / "ckpt"), name],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "loaded: []", out.stdout
+
+
+def test_streaming_refuses_a_tampered_graph_without_torch(tmp_path):
+    import shutil
+
+    from zoo.locate import release_dir
+    from zoo.manifest import CheckpointError
+
+    shutil.copytree(release_dir() / "gated-rnn-zucchet-icl", tmp_path / "ckpt")
+    with open(tmp_path / "ckpt" / "model_chunk.onnx", "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(CheckpointError, match="model_chunk.onnx has SHA-256"):
+        StreamingSession(tmp_path / "ckpt")

@@ -6,8 +6,14 @@ import pytest
 
 from zoo.registry import get_task_spec
 from zoo.tasks.frozen import (
-    DatasetHashMismatch, cache_dir, content_hash, generate_split, load_split, read_parquet_arrays, save_split,
+    DatasetHashMismatch, cache_dir, content_hash, generate_split, read_parquet_arrays, save_split,
 )
+from zoo.tasks.frozen import load_split as _load_split
+
+
+def load_split(name, split, **kwargs):
+    """The registry's split: frozen.py knows no registry, the caller passes the task's spec."""
+    return _load_split(name, split, spec=get_task_spec(name), **kwargs)
 
 
 def test_registry_hash_is_reproduced_from_the_seed():
@@ -118,7 +124,8 @@ def test_concurrent_loads_of_a_tampered_split_all_succeed():
     x[0, 0, 0] += 1
     save_split(x, split.y, path.parent)
     code = ("import warnings; warnings.simplefilter('ignore'); from zoo.tasks.frozen import load_split; "
-            "print(load_split('zucchet-icl', 'validation').sha256)")
+            "from zoo.registry import get_task_spec; "
+            "print(load_split('zucchet-icl', 'validation', spec=get_task_spec('zucchet-icl')).sha256)")
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=dict(os.environ)) for _ in range(3)]
     results = [p.communicate(timeout=120) for p in procs]
@@ -134,3 +141,18 @@ def test_unreadable_cached_split_is_set_aside_and_rebuilt():
         again = load_split("zucchet-icl", "test")
     assert again.sha256 == split.sha256
     assert any(p.name.startswith("data.parquet.mismatch-") for p in path.parent.iterdir())
+
+
+def test_frozen_knows_no_registry():
+    """Frozen datasets sit below the registry: the registry's task spec comes from the caller."""
+    import ast
+    import inspect
+
+    import zoo.tasks.frozen as frozen
+
+    nodes = list(ast.walk(ast.parse(inspect.getsource(frozen))))  # in-function imports included
+    imported = {n.module for n in nodes if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in nodes if isinstance(n, ast.Import) for a in n.names}
+    assert {m for m in imported if m and m.startswith("zoo")} == {"zoo.manifest", "zoo.tasks.regression"}
+    with pytest.raises(TypeError, match="spec"):
+        frozen.load_split("zucchet-icl", "test")  # a name alone is not enough

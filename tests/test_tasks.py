@@ -33,7 +33,7 @@ def test_zucchet_analytic_eta():
 
 def test_zucchet_gd_loss_on_frozen_test_split_matches_paper():
     task = get_task_spec("zucchet-icl").build()
-    b = load_split("zucchet-icl", "test").batch(task, dtype=torch.float64)
+    b = load_split("zucchet-icl", "test", spec=get_task_spec("zucchet-icl")).batch(task, dtype=torch.float64)
     per_task = 0.5 * ((gd_predict(b, task.analytic_eta()) - b.targets) ** 2).mean(1)
     loss, stderr = per_task.mean().item(), per_task.std().item() / math.sqrt(len(per_task))
     # the paper's 0.0947 and the exact expectation 0.09459 both lie within 3 standard errors

@@ -7,9 +7,17 @@
     ckpt = zoo.load("gated-rnn-zucchet-icl")  # a released checkpoint, by bare entry name
 """
 
-__version__ = "0.2.0"
+from zoo.version import __version__
 
-from zoo.registry import get_entry, list_entries  # noqa: E402
+
+def __getattr__(name: str):
+    """`zoo.get_entry`, `zoo.list_entries`: the registry, imported on first use, so that a torch-free
+    submodule (zoo.manifest, zoo.locate: checking and finding checkpoints) imports no torch."""
+    if name in ("get_entry", "list_entries"):
+        from zoo import registry
+
+        return getattr(registry, name)
+    raise AttributeError(f"module 'zoo' has no attribute {name!r}")
 
 
 def build(name: str, out=None, **kwargs):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from icl_zoo_export import save_checkpoint
 from zoo.checkpoint import Checkpoint, provenance
 from zoo.constructions import construct
 from zoo.evaluate import evaluate, gd_reference
@@ -125,7 +126,7 @@ def _evaluate_and_save(entry, spec, model, prov, construction, history, out, val
     ckpt = Checkpoint(model=model, entry=entry, task_spec=spec, provenance=prov,
                       construction=construction, metrics=metrics, history=history)
     if out is not None:
-        ckpt.save_pretrained(out)
+        save_checkpoint(ckpt, out)  # with its ONNX graphs
     return ckpt
 
 

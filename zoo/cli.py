@@ -59,7 +59,7 @@ def _register_variant_task(ckpt) -> None:
     """A checkpoint trained on a task variant (a sweep's task.* override) carries its task spec."""
     from zoo.registry import default_registry
 
-    default_registry().tasks.setdefault(ckpt.entry.task, ckpt.task_spec)
+    return default_registry().tasks.setdefault(ckpt.entry.task, ckpt.task_spec)
 
 
 def cmd_eval(args) -> int:
@@ -85,7 +85,7 @@ def cmd_eval(args) -> int:
         split = load_split_from_hub(args.dataset, split="test", revision=args.dataset_revision,
                                     expected_sha256=expected, endpoint=args.endpoint)
     else:
-        split = load_split(ckpt.entry.task, args.split)  # hash-checked against the registry
+        split = load_split(ckpt.entry.task, args.split, spec=_register_variant_task(ckpt))  # hash-checked against the registry
     reference = gd_reference(ckpt.entry, task, ckpt.construction, recorded=ckpt.metrics)
     metrics = rescore(ckpt, split)
     metrics["dataset"] = split.name
@@ -144,7 +144,7 @@ def cmd_datasets(args) -> int:
     rows = []
     for name in names:
         for split in reg.task(name).splits:
-            s = load_split(name, split, rebuild=args.action == "build")
+            s = load_split(name, split, spec=reg.task(name), rebuild=args.action == "build")
             rows.append({"split": s.name, "n": int(s.x.shape[0]), "sha256": s.sha256, "ok": True})
     _print_json(rows)
     return 0
@@ -240,7 +240,7 @@ def cmd_hub_serve(args) -> int:
 
 def cmd_pull(args) -> int:
     from zoo.checkpoint import read_checkpoint
-    from zoo.hub import resolve_folder
+    from zoo.locate import resolve_folder
 
     folder = resolve_folder(args.repo, revision=args.revision, endpoint=args.endpoint)
     ckpt = read_checkpoint(folder)
@@ -251,11 +251,12 @@ def cmd_pull(args) -> int:
 # ---------------------------------------------------------------- export / stream
 def cmd_export(args) -> int:
     import zoo
+    from icl_zoo_export import save_checkpoint
 
     ckpt = zoo.load(args.path, revision=args.revision, endpoint=args.endpoint)
     local = Path(args.path).is_dir()
     out = Path(args.out) if args.out else (Path(args.path) if local else Path("exported") / ckpt.entry.name)
-    ckpt.save_pretrained(out)  # weights, ONNX graphs, hashes in config.json, card
+    save_checkpoint(ckpt, out)  # weights, ONNX graphs, hashes in config.json, card
     written = sorted(p.name for p in out.glob("*.onnx"))
     print(f"exported {ckpt.entry.name} → {out}: {', '.join(written)}")
     return 0

@@ -244,9 +244,10 @@ def loop_curve(model, task: LinearRegressionTask, batch: TaskBatch, loops: list[
 def rescore(ckpt, split=None) -> dict:
     """Score a checkpoint on its frozen test split (hash-verified; or `split`) exactly as the build
     scored it: the same reference GD, so `test_loss` reproduces the card's number."""
+    from zoo.registry import get_task_spec
     from zoo.tasks.frozen import load_split
 
     task = ckpt.task
-    split = split if split is not None else load_split(ckpt.entry.task, "test")
+    split = split if split is not None else load_split(ckpt.entry.task, "test", spec=get_task_spec(ckpt.entry.task))
     reference = gd_reference(ckpt.entry, task, ckpt.construction, recorded=ckpt.metrics)
     return evaluate(ckpt.model, task, split.batch(task), **reference)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -26,24 +25,11 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from zoo.locate import REPO_ID, HubError, resolve_folder, validate_repo_id  # noqa: F401  (pulling needs no torch)
 from zoo.tasks.frozen import cache_dir
 
-REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 REPO_TYPES = ("model", "dataset")
 NEVER_PUBLISHED = (".train", ".git", ".cache")  # training state and VCS/cache internals stay local
-
-
-class HubError(ValueError):
-    """A repo id is invalid, a hub is unreachable, or a publish/pull failed."""
-
-
-def validate_repo_id(repo_id: str) -> str:
-    if not isinstance(repo_id, str) or not REPO_ID.fullmatch(repo_id) or ".." in repo_id or repo_id.endswith((".git", ".")):
-        raise HubError(
-            f"invalid repo id {repo_id!r}: expected ORG/NAME with letters, digits, '-', '_', '.' "
-            "(no '..', no leading '.', at most 96 characters each)"
-        )
-    return repo_id
 
 
 def default_local_hub() -> Path:
@@ -156,7 +142,7 @@ def dataset_folder(task_name: str, out: Path) -> tuple[Path, dict]:
     out = Path(out)
     hashes = {}
     for split in spec.splits:
-        s = load_split(task_name, split)
+        s = load_split(task_name, split, spec=spec)
         tmp = out / "_tmp"
         save_split(s.x, s.y, tmp)
         (out / "data").mkdir(parents=True, exist_ok=True)
@@ -195,15 +181,6 @@ split = load_split_from_hub("ORG/NAME", split="test", expected_sha256="...")   #
 ```
 """)
     return out, hashes
-
-
-# ---------------------------------------------------------------- pull
-def resolve_folder(repo_id: str, *, revision: str | None = None, endpoint: str | None = None,
-                   cache_dir=None, token=None) -> Path:
-    from huggingface_hub import snapshot_download
-
-    validate_repo_id(repo_id)
-    return Path(snapshot_download(repo_id, revision=revision, endpoint=endpoint, cache_dir=cache_dir, token=token))
 
 
 # ---------------------------------------------------------------- serve

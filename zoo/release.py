@@ -26,54 +26,25 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-import zoo
-from zoo.checkpoint import CONFIG, CheckpointError, contained_file, sha256_file
+from zoo import locate
 from zoo.expected import check, verdict
-from zoo.registry import RegistryError, default_registry, definition_sha256, get_entry, get_task_spec
+from zoo.locate import (  # noqa: F401  (resolving and verifying a released folder needs no torch: zoo/locate.py)
+    INDEX_JSON,
+    INDEX_MD,
+    ORG,
+    VERSION,
+    ReleaseError,
+    read_index,
+    release_dir,
+    verify_folder,
+)
+from zoo.manifest import CONFIG, sha256_file
+from zoo.registry import RegistryError, default_registry, definition_sha256, get_entry, get_task_spec, list_entries
 
-VERSION = f"v{zoo.__version__}"  # the git tag of every released repo on a hub
-ORG = "icl-zoo"
-INDEX_JSON, INDEX_MD = "index.json", "INDEX.md"
 WORK = ".work"
 SHIPPED = {".json", ".safetensors", ".onnx", ".md", ".png"}  # what a released folder may hold
 PROBE_STEPS = 20  # training steps timed to choose a run length under --time-budget
 MIN_STEPS = 200  # a budgeted run is never shorter than this
-
-
-class ReleaseError(ValueError):
-    """An entry is not released, a released folder does not match the index, or a build failed."""
-
-
-def release_dir() -> Path:
-    """The shipped release: `zoo/_release` in an installed wheel, `release/` in a source tree
-    (or the folder in $ICL_ZOO_RELEASE)."""
-    if os.environ.get("ICL_ZOO_RELEASE"):
-        return Path(os.environ["ICL_ZOO_RELEASE"])
-    here = Path(__file__).parent
-    for candidate in (here / "_release", here.parent / "release"):
-        if (candidate / INDEX_JSON).is_file():
-            return candidate
-    return here.parent / "release"
-
-
-def read_index(root: Path | None = None) -> dict:
-    """The release index; every entry name in it is a safe name and every row lists its files."""
-    from zoo.tasks.frozen import safe_name
-
-    path = Path(root or release_dir()) / INDEX_JSON
-    if not path.is_file():
-        return {"version": VERSION, "entries": {}}
-    try:
-        index = json.loads(path.read_text())
-        for name, row in index["entries"].items():
-            safe_name(name, "release entry")
-            if row.get("entry") != name or not isinstance(row.get("files"), dict):
-                raise ValueError(f"row {name!r} does not name itself or list its files")
-            for file in row["files"]:
-                safe_name(file.lower(), "released file")
-    except (ValueError, KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
-        raise ReleaseError(f"{path}: not a valid release index ({e})") from None
-    return index
 
 
 def entry_fingerprint(name: str) -> str:
@@ -88,71 +59,18 @@ def unknown_entry_error(name: str) -> RegistryError:
     return RegistryError(f"{name!r} is not a registry entry{hint}")
 
 
-# ---------------------------------------------------------------- resolve / verify
-def verify_folder(folder: Path, row: dict) -> None:
-    """Every file the index records for an entry is present, a regular file and has its hash; nothing else is there."""
-    folder = Path(folder)
-    recorded = row.get("files")
-    if not isinstance(recorded, dict):
-        raise ReleaseError(f"{folder}: its release index row lists no files")
-    present = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
-    for name, digest in recorded.items():
-        try:
-            path = contained_file(folder, name)
-        except CheckpointError as e:
-            raise ReleaseError(str(e)) from None
-        got = sha256_file(path)
-        if got != digest:
-            raise ReleaseError(f"{folder}: {name} has SHA-256 {got}, the release index records {digest}; refusing it")
-    extra = sorted(present - set(recorded) - {".gitattributes"})
-    if extra:
-        raise ReleaseError(f"{folder}: files the release index does not list: {', '.join(extra)}")
-
-
+# ---------------------------------------------------------------- resolve
 def released_folder(name: str, *, revision: str | None = None, endpoint: str | None = None) -> Path:
-    """The folder of the released checkpoint `name`, hash-verified against the shipped index.
-
-    From the configured Hub (`endpoint`, or HF_ENDPOINT) when one is set, as repo `icl-zoo/<name>` at
-    the release tag; otherwise from the release shipped with the package. Never builds anything."""
+    """The folder of the released checkpoint of registry entry `name` (zoo.locate.released_folder)."""
     if name not in default_registry().entries:
         raise unknown_entry_error(name)
-    index = read_index()
-    row = index["entries"].get(name)
-    endpoint = endpoint or os.environ.get("HF_ENDPOINT")
-    if endpoint:
-        from zoo.hub import resolve_folder
-
-        if revision is None and row is None:  # nothing to check a download against: refuse, never trust it
-            raise ReleaseError(f"{name!r} is not in the release shipped with this package, so its download from "
-                               f"{endpoint} cannot be verified; load it as '{ORG}/{name}' with an explicit revision")
-        folder = resolve_folder(f"{ORG}/{name}", revision=revision or index["version"], endpoint=endpoint)
-        if row is not None and (revision or index["version"]) == index["version"]:
-            verify_folder(folder, row)  # the shipped index is the trust root; another revision is the user's choice
-        return folder
-    if row is None:
-        raise ReleaseError(f"{name!r} is a registry entry but not in the release shipped with this package "
-                           f"({release_dir()}); build it with `zoo release build --only {name}` or `zoo build {name}`")
-    folder = release_dir() / name
-    verify_folder(folder, row)
-    return folder
+    return locate.released_folder(name, revision=revision, endpoint=endpoint)
 
 
 def resolve(path_or_repo: str | Path, *, revision: str | None = None, endpoint: str | None = None) -> Path:
-    """A checkpoint folder from a local folder, a Hub repo id `ORG/NAME` or a bare entry name."""
-    folder = Path(path_or_repo)
-    text = str(path_or_repo)
-    if "/" not in text and text in default_registry().entries:  # a bare entry name: the released checkpoint
-        if folder.is_dir():
-            raise ReleaseError(f"{text!r} names both a registry entry (its released checkpoint) and a local folder; "
-                               f"write ./{text} for the folder")
-        return released_folder(text, revision=revision, endpoint=endpoint)
-    if folder.is_dir():
-        return folder
-    if "/" not in text:
-        raise unknown_entry_error(text)
-    from zoo.hub import resolve_folder
-
-    return resolve_folder(text, revision=revision, endpoint=endpoint)
+    """A checkpoint folder from a local folder, a Hub repo id `ORG/NAME` or a bare registry entry name."""
+    return locate.resolve(path_or_repo, revision=revision, endpoint=endpoint, names=default_registry().entries,
+                          unknown=unknown_entry_error)
 
 
 # ---------------------------------------------------------------- build
@@ -391,7 +309,7 @@ def build_release(root: Path | None = None, *, only: list[str] | None = None, ti
 
 
 def _adoptable(folder: Path, name: str) -> bool:
-    from zoo.checkpoint import verify_files
+    from zoo.manifest import CheckpointError, verify_files
 
     try:
         config = verify_files(folder)
@@ -594,7 +512,7 @@ def refresh_release(root: Path | None = None, *, only: list[str] | None = None, 
     With `graphs`, also re-export its ONNX graphs from the same weights (for a change to the
     export, e.g. a new graph) and record their hashes in config.json."""
     from zoo.card import write_card_and_figures
-    from zoo.checkpoint import CONFIG, read_checkpoint, write_config
+    from zoo.checkpoint import read_checkpoint
 
     root = Path(root or release_dir())
     index = read_index(root)
@@ -605,14 +523,12 @@ def refresh_release(root: Path | None = None, *, only: list[str] | None = None, 
         verify_folder(root / name, row)
         ckpt = read_checkpoint(root / name)
         if graphs:  # in a staged copy swapped in whole: an interrupted refresh leaves the release as it was
-            from icl_zoo_export import export_checkpoint_graphs
+            from icl_zoo_export import write_graphs
 
             staged = _staging(root, name)
             for path in sorted((root / name).iterdir()):
                 shutil.copyfile(path, staged / path.name)
-            export_checkpoint_graphs(ckpt, staged)
-            config = json.loads((staged / CONFIG).read_text())
-            write_config(staged, {k: v for k, v in config.items() if k != "files"})
+            write_graphs(ckpt, staged)  # the graphs, and their hashes in config.json
             write_card_and_figures(read_checkpoint(staged), staged)  # the new hashes verify; weights match the config
             _swap_in(root, name, staged)
         else:
@@ -641,7 +557,7 @@ def print_plan(*, device: str | None = None, only: list[str] | None = None, thre
         print("no C++ compiler on the PATH ($CXX, g++, c++, clang++): torch.compile cannot build the step here, "
               "so the release build trains eagerly; measuring eager only")
         compiled = False
-    names = only or [e.name for e in zoo.list_entries(source="trained")]
+    names = only or [e.name for e in list_entries(source="trained")]
     rows, totals = [], {"eager": 0.0, "compiled": 0.0}
     print(f"({device}, {torch.get_num_threads()} threads; recipe-length cost in hours)")
     print(f"{'entry':34} {'recipe steps':>12} {'eager steps/s':>14} {'eager h':>8}"

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from zoo.manifest import SAFE_NAME, safe_name  # noqa: F401  (re-exported: task names are path components)
 from zoo.tasks.regression import LinearRegressionTask, TaskBatch
 
 HASH_DOMAIN = b"icl-zoo/frozen/v1"
@@ -128,18 +128,6 @@ def verify(x: np.ndarray, y: np.ndarray, expected: str | None, name: str) -> str
     return got
 
 
-SAFE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.=-]{0,199}$")
-
-
-def safe_name(name: str, what: str = "task name") -> str:
-    """A name that may become a path component: lowercase letters, digits and - _ . =, no '..'.
-    Task names come from registry files, sweep overrides and downloaded config.json files alike."""
-    if not isinstance(name, str) or not SAFE_NAME.match(name) or ".." in name:
-        raise ValueError(f"{what} {name!r} is not a safe name (lowercase letters, digits, '-', '_', '.', '='; "
-                         "no '/', no '..'); refusing to use it as a path")
-    return name
-
-
 @contextmanager
 def _locked(folder: Path):
     """An exclusive lock on a cache folder: concurrent processes repair or build a split one at a time."""
@@ -154,14 +142,12 @@ def _locked(folder: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def load_split(task_name: str, split: str, *, rebuild: bool = False) -> FrozenSplit:
-    """The registry's frozen split, from the cache (built on first use), hash-verified.
+def load_split(task_name: str, split: str, *, spec, rebuild: bool = False) -> FrozenSplit:
+    """The frozen split `split` of task `task_name`, whose registry spec (zoo.registry.get_task_spec)
+    is `spec`: from the cache (built on first use from the spec's seed), hash-verified against it.
 
     A split with no registered hash (a task variant such as `--set task.n_context=20`) is checked
     against the hash of the split regenerated from its seed: a cached copy is never trusted as is."""
-    from zoo.registry import get_task_spec
-
-    spec = get_task_spec(task_name)
     if split not in spec.splits:
         raise KeyError(f"task {task_name!r} has no split {split!r}; it has {sorted(spec.splits)}")
     s = spec.splits[split]

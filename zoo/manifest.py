@@ -1,0 +1,175 @@
+"""The on-disk contract of a checkpoint folder, checked without torch.
+
+    config.json          format, entry, task, provenance and `files`: the SHA-256 and size of every hashed file
+    model.safetensors    weights; its header's metadata records the SHA-256 of config.json without `files`
+    eval_results.json, training_history.json, model.onnx, model_step.onnx, model_chunk.onnx
+
+`verify_files` checks a folder against its config.json before anything reads it: the checkpoint
+layer (zoo.checkpoint) before it builds a model, the streaming runtime (icl_zoo_export) before ONNX
+Runtime opens a graph. Standard library only: the safetensors header is 8 bytes of length and JSON.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import struct
+from pathlib import Path
+
+FORMAT = "icl-zoo-checkpoint/1"
+CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
+EVAL_RESULTS = "eval_results.json"
+HISTORY = "training_history.json"
+SEQUENCE_FILE = "model.onnx"  # whole sequences
+STEP_FILE = "model_step.onnx"  # one token per run, state in and out (recurrent models)
+CHUNK_FILE = "model_chunk.onnx"  # a chunk of tokens per run, continued from the state (recurrent models)
+GRAPH_FILES = (SEQUENCE_FILE, STEP_FILE, CHUNK_FILE)
+HASHED_FILES = (WEIGHTS, EVAL_RESULTS, HISTORY, *GRAPH_FILES)
+CONFIG_HASH_KEY = "icl_zoo.config_sha256"  # safetensors metadata: SHA-256 of config.json without its "files"
+MAX_HEADER = 100 * 2**20
+
+SAFE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.=-]{0,199}$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder is incomplete, tampered with, or does not match its architecture."""
+
+
+def safe_name(name: str, what: str = "task name") -> str:
+    """A name that may become a path component: lowercase letters, digits and - _ . =, no '..'.
+    Task names come from registry files, sweep overrides and downloaded config.json files alike."""
+    if not isinstance(name, str) or not SAFE_NAME.match(name) or ".." in name:
+        raise ValueError(f"{what} {name!r} is not a safe name (lowercase letters, digits, '-', '_', '.', '='; "
+                         "no '/', no '..'); refusing to use it as a path")
+    return name
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def config_core_sha256(config: dict) -> str:
+    """SHA-256 of a config without its "files" section (which records the weights' own hash)."""
+    core = {k: v for k, v in config.items() if k != "files"}
+    return hashlib.sha256(json.dumps(core, sort_keys=True).encode()).hexdigest()
+
+
+def safetensors_header(path: Path) -> tuple[int, dict]:
+    """(length, header) of a safetensors file: 8 bytes of little-endian length, then that much JSON.
+    Absurd lengths and unreadable JSON are refused."""
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        n = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
+        if not 0 < n <= MAX_HEADER:
+            raise CheckpointError(f"{path}: not a safetensors file (header length {n})")
+        try:
+            header = json.loads(f.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{path}: unreadable safetensors header ({e})") from None
+    return n, header
+
+
+def weights_metadata(path: Path) -> dict:
+    """The safetensors header's __metadata__."""
+    header = safetensors_header(path)[1]
+    meta = header.get("__metadata__", {}) if isinstance(header, dict) else {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def contained_file(folder: Path, name: str) -> Path:
+    """`folder/name` as a regular file that stays inside the folder, else CheckpointError.
+
+    A name with a path separator or '..', a special file (a FIFO, /dev/zero) and a symlink that leaves
+    the folder are refused. The one symlink allowed is a huggingface_hub cache snapshot's link to its
+    blob (snapshots/<rev>/<file> → ../../blobs/<sha>), which stays in the repo's cache folder."""
+    folder = Path(folder)
+    if not name or name != Path(name).name or name in (".", ".."):
+        raise CheckpointError(f"{folder}: file name {name!r} is not a plain file name; refusing it")
+    path = folder / name
+    if path.is_symlink():
+        target, cache_repo = path.resolve(), folder.resolve().parent.parent
+        if folder.resolve().parent.name != "snapshots" or cache_repo / "blobs" != target.parent:
+            raise CheckpointError(f"{path} is a symbolic link out of the checkpoint; refusing it")
+        path = target
+    if not path.exists():
+        raise CheckpointError(f"{folder}: file {name} is missing")
+    if not path.is_file():
+        raise CheckpointError(f"{folder}: {name} is not a regular file; refusing it")
+    return path
+
+
+def _present(folder: Path, name: str) -> bool:
+    return (folder / name).exists() or (folder / name).is_symlink()
+
+
+def write_config(folder: Path, core: dict) -> None:
+    """config.json: the config `core` and the SHA-256 of every hashed file present in `folder`.
+    (The weights carry the hash of `core`, not of the file list: graphs re-exported from the same
+    weights are recorded without touching them.)"""
+    folder = Path(folder)
+    files = {name: {"sha256": sha256_file(folder / name), "bytes": (folder / name).stat().st_size}
+             for name in HASHED_FILES if (folder / name).is_file()}
+    (folder / CONFIG).write_text(json.dumps({**core, "files": files}, indent=2))
+
+
+def read_config_core(folder: Path) -> dict:
+    """config.json of `folder` without its "files" section (to re-record the hashes with `write_config`)."""
+    config = json.loads((Path(folder) / CONFIG).read_text())
+    return {k: v for k, v in config.items() if k != "files"}
+
+
+def verify_files(folder: Path) -> dict:
+    """Check a checkpoint folder without building its model: config.json parses, has this format,
+    and every file it lists (weights and ONNX graphs) is a regular file inside the folder with
+    the recorded SHA-256. Returns the config. Every path that opens a checkpoint starts here."""
+    folder = Path(folder)
+    if not _present(folder, CONFIG):
+        raise CheckpointError(f"{folder}: no {CONFIG}; not an icl-zoo checkpoint")
+    config_path = contained_file(folder, CONFIG)
+    try:
+        config = json.loads(config_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{config_path}: not valid JSON ({e})") from None
+    if not isinstance(config, dict) or config.get("format") != FORMAT:
+        raise CheckpointError(f"{config_path}: format {config.get('format') if isinstance(config, dict) else None!r}, expected {FORMAT!r}")
+    files = config.get("files", {})
+    if not isinstance(files, dict):
+        raise CheckpointError(f"{config_path}: 'files' must map file names to hashes")
+    for name, info in files.items():
+        path = contained_file(folder, name)  # no '..', no links out, no /dev/zero
+        got = sha256_file(path)
+        if not isinstance(info, dict) or got != info.get("sha256"):
+            raise CheckpointError(
+                f"{folder}: {name} has SHA-256 {got}, but {CONFIG} records "
+                f"{info.get('sha256') if isinstance(info, dict) else info}; "
+                "the file was modified or corrupted — refusing to load it"
+            )
+    if WEIGHTS not in files:
+        raise CheckpointError(f"{folder}: {CONFIG} records no hash for {WEIGHTS}")
+    recorded = weights_metadata(contained_file(folder, WEIGHTS)).get(CONFIG_HASH_KEY)
+    if recorded is not None and recorded != config_core_sha256(config):
+        raise CheckpointError(f"{config_path} was edited after the weights were saved (its hash is "
+                              f"{config_core_sha256(config)}, the weights record {recorded}); refusing to load it")
+    # Everything the zoo reads from the folder is listed with a hash: graphs, metrics, history.
+    for name in HASHED_FILES:
+        if _present(folder, name) and name not in files:
+            raise CheckpointError(f"{folder}: {name} is not listed in {CONFIG} with a hash; refusing to use it")
+    return config
+
+
+def read_json(folder: Path, name: str):
+    """A listed (hence verified) JSON file of the checkpoint, or None when absent."""
+    folder = Path(folder)
+    if not _present(folder, name):
+        return None
+    path = contained_file(folder, name)
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
