@@ -127,13 +127,14 @@ def test_checkpoint_layer_imports_no_export():
     nodes = list(ast.walk(ast.parse(inspect.getsource(zoo.checkpoint))))  # in-function imports included
     imported = {n.module for n in nodes if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in nodes if isinstance(n, ast.Import) for a in n.names}
-    assert not {m for m in imported if m and (m.split(".")[0] == "icl_zoo_export" or m in ("zoo.release", "zoo.hub"))}
+    assert not {m for m in imported if m and (m.split(".")[0] == "icl_zoo_export" or m in ("zoo.release", "zoo.hub", "zoo.locate"))}
 
 
 def test_save_checkpoint_writes_exactly_the_released_files(tmp_path, monkeypatch):
     """icl_zoo_export.save_checkpoint gives a released checkpoint's folder back file for file, graphs
     hashed in config.json; a plain save_pretrained writes no graphs and drops ones left in the folder."""
     from icl_zoo_export import save_checkpoint
+    from zoo.checkpoint import Checkpoint
     from zoo.locate import release_dir
     from zoo.manifest import GRAPH_FILES, verify_files
 
@@ -152,3 +153,4 @@ def test_save_checkpoint_writes_exactly_the_released_files(tmp_path, monkeypatch
     assert not set(GRAPH_FILES) & set(verify_files(out)["files"])
     assert "StreamingSession" not in (out / "README.md").read_text()
     assert zoo.load(out).metrics == ckpt.metrics
+    assert Checkpoint.from_pretrained(str(out)).metrics == ckpt.metrics  # the huggingface_hub way in

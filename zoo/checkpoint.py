@@ -141,11 +141,14 @@ class Checkpoint(
     @classmethod
     def _from_pretrained(cls, *, model_id: str, revision=None, cache_dir=None, force_download=False,
                          local_files_only=False, token=None, **_config_fields) -> "Checkpoint":
+        """huggingface_hub's `from_pretrained`: a folder, or a Hub repo downloaded by huggingface_hub itself
+        (which validates the repo id); either way every file is hash-checked before a model is built."""
         folder = Path(model_id)
         if not folder.is_dir():
-            from zoo.locate import resolve_folder
+            from huggingface_hub import snapshot_download
 
-            folder = resolve_folder(model_id, revision=revision, cache_dir=cache_dir, token=token)
+            folder = Path(snapshot_download(model_id, revision=revision, cache_dir=cache_dir, token=token,
+                                            force_download=force_download, local_files_only=local_files_only))
         return read_checkpoint(folder)
 
 
