@@ -11,19 +11,20 @@ the zoo's models, and is imported on first use of one of its names.
 from icl_zoo_export.streaming import StreamError, StreamingSession
 from zoo.manifest import CHUNK_FILE, SEQUENCE_FILE, STEP_FILE
 
-LAZY = {  # name → the submodule that defines it, imported on first use
-    **dict.fromkeys(("OPSET", "export_checkpoint_graphs", "export_chunk", "export_sequence", "export_step",
-                     "save_checkpoint", "write_graphs"), "onnx_export"),
-    "scan_step_graph": "scan_graph",
-}
+EXPORTER = ("OPSET", "export_checkpoint_graphs", "export_chunk", "export_sequence", "export_step",
+            "save_checkpoint", "write_graphs")
 
 
-def __getattr__(name: str):
-    if name in LAZY:
-        import importlib
+def __getattr__(name: str):  # imported on first use
+    if name in EXPORTER:
+        from icl_zoo_export import onnx_export
 
-        return getattr(importlib.import_module(f"icl_zoo_export.{LAZY[name]}"), name)
+        return getattr(onnx_export, name)
+    if name == "scan_step_graph":
+        from icl_zoo_export.scan_graph import scan_step_graph
+
+        return scan_step_graph
     raise AttributeError(f"module 'icl_zoo_export' has no attribute {name!r}")
 
 
-__all__ = ["CHUNK_FILE", "SEQUENCE_FILE", "STEP_FILE", "StreamError", "StreamingSession", *LAZY]
+__all__ = ["CHUNK_FILE", "SEQUENCE_FILE", "STEP_FILE", "StreamError", "StreamingSession", "scan_step_graph", *EXPORTER]
