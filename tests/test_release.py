@@ -240,10 +240,7 @@ def test_card_snippets_run_verbatim(name, monkeypatch, capsys):
     blocks = _python_blocks(card)
     assert blocks, "a card without a usage snippet"
     monkeypatch.chdir(release.release_dir() / name)  # as in the downloaded repo folder
-    # Cards rendered before the streaming package was renamed `export` -> `icl_zoo_export` (icl-zoo 0.2.0)
-    # still say `from export import`; the next `zoo release refresh` re-renders them from the template.
-    # Until then the snippets run with the new name, and nothing else in them may differ.
-    blocks = [b.replace(LEGACY_STREAMING_IMPORT, STREAMING_IMPORT) for b in blocks]
+    assert LEGACY_STREAMING_IMPORT not in card  # rendered after the rename to icl_zoo_export
     namespace: dict = {}
     for block in blocks:  # in order, as a reader would paste them
         exec(compile(block, f"{name}/README.md", "exec"), namespace)
