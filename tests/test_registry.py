@@ -155,8 +155,8 @@ def test_every_metric_evaluation_writes_is_declared_once():
 
 def test_a_family_is_one_module():
     """Everything a family declares (schema, build, construction rules, card prose) comes from the
-    module of its model, and the registry's schemas are exactly the families' (nothing dispatches
-    on an arch type elsewhere)."""
+    module of its model, and the registry's arch schemas and construction names are exactly the
+    families'."""
     from typing import get_args
 
     from zoo.models import CONSTRUCTIONS, FAMILIES, FAMILY_OF_TYPE
@@ -172,3 +172,14 @@ def test_a_family_is_one_module():
     assert set(get_args(ConstructionName)) == set(CONSTRUCTIONS)
     used = {e.arch.type for e in list_entries()}
     assert used <= set(FAMILY_OF_TYPE), used - set(FAMILY_OF_TYPE)
+
+
+def test_a_construction_on_the_wrong_type_of_a_family_names_the_type_it_needs():
+    from zoo.models import construction_problem
+    from zoo.registry import Construction, get_task_spec
+
+    entry = get_entry("lstm-gd-zucchet-icl")
+    gru = entry.arch.model_copy(update={"type": "gru"})
+    source = Construction(kind="constructed", construction="lstm_from_lsa")
+    assert construction_problem(gru, get_task_spec(entry.task), source) == "'lstm_from_lsa' needs arch type 'lstm'"
+    assert construction_problem(entry.arch, get_task_spec(entry.task), source) is None

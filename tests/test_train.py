@@ -71,6 +71,32 @@ def test_nan_guard_stops_and_keeps_last_good_state(tmp_path):
     assert all(torch.isfinite(v).all() for k, v in saved.items() if k.startswith("model."))
 
 
+def test_a_non_finite_loss_is_never_applied_to_the_weights(tmp_path, monkeypatch):
+    """A poisoned batch at step 7 stops training before its gradient reaches the weights: the
+    in-memory model keeps step 7's finite weights (bitwise those of a clean run stopped there)."""
+    import dataclasses
+
+    flat = dict(schedule="constant", warmup_steps=0)  # the lr of step t does not depend on the run's length
+    clean = fresh_model()
+    train(clean, TASK, recipe(steps=7, **flat), run_dir=tmp_path / "clean", device="cpu", progress=False)
+    calls = {"n": 0}
+
+    class Poisoned(type(TASK)):
+        def sample(self, n, *args, **kwargs):
+            batch = super().sample(n, *args, **kwargs)
+            calls["n"] += 1
+            if calls["n"] == 8:  # the 8th training batch: step 7 (0-based)
+                batch = dataclasses.replace(batch, tokens=torch.full_like(batch.tokens, float("nan")))
+            return batch
+
+    task = Poisoned(**{f.name: getattr(TASK, f.name) for f in dataclasses.fields(TASK)})
+    model = fresh_model()
+    with pytest.raises(TrainingDiverged, match=r"the loss is not finite at step 7 \(nan\)"):
+        train(model, task, recipe(steps=40, **flat), run_dir=tmp_path / "poisoned", device="cpu", progress=False)
+    for (name, p), q in zip(model.named_parameters(), clean.parameters()):
+        assert torch.isfinite(p).all() and torch.equal(p, q), name
+
+
 def test_cosine_schedule_shape():
     r = recipe(steps=100, warmup_steps=10, lr=1.0, final_lr=0.1)
     assert lr_factor(0, r, 100) == pytest.approx(0.1)

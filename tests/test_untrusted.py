@@ -427,3 +427,28 @@ def test_eval_refuses_a_downloaded_validation_split(capsys):
 
     assert main(["eval", "lsa-gd-zucchet-icl", "--split", "validation", "--dataset", "someone/split"]) == 2
     assert "--dataset downloads the test split" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("attack", ["deep-config", "huge-config", "deep-safetensors-header", "list-safetensors-header"])
+def test_hostile_json_is_a_checkpoint_error(tmp_path, attack):
+    """JSON nested deep enough to exhaust the parser's recursion, a config.json too large to read,
+    and a safetensors header that is not an object are refused with CheckpointError, not a crash."""
+    import struct
+
+    from zoo.manifest import MAX_JSON, CheckpointError, verify_files, weights_metadata
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    if attack == "deep-config":
+        (folder / "config.json").write_text("[" * 200_000)
+    elif attack == "huge-config":
+        with open(folder / "config.json", "wb") as f:
+            f.truncate(MAX_JSON + 1)  # sparse: the size is refused before a byte is read
+    else:
+        header = b"[" * 200_000 if attack == "deep-safetensors-header" else b"[1, 2]"
+        (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+        with pytest.raises(CheckpointError, match="safetensors header"):
+            weights_metadata(folder / "model.safetensors")
+        return
+    with pytest.raises(CheckpointError, match="config.json"):
+        verify_files(folder)

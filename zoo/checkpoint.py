@@ -7,8 +7,9 @@
     *.png                loss curve, weight matrices
     model_step.onnx, model_chunk.onnx, model.onnx   streaming (token / chunk) and whole-sequence graphs
 
-`Checkpoint` is a huggingface_hub `ModelHubMixin`, so `save_pretrained` / `from_pretrained` /
-`push_to_hub` work as for any Hub library. Loading verifies every recorded SHA-256 (zoo.manifest,
+`Checkpoint` is a huggingface_hub `ModelHubMixin`: `from_pretrained` works as for any Hub library and
+`save_pretrained` writes the folder without graphs; `push_to_hub` is refused, since a repo without its
+step graph cannot stream (publish `save_checkpoint`'s folder with `zoo publish`). Loading verifies every recorded SHA-256 (zoo.manifest,
 torch-free), rebuilds the model from the embedded entry and loads the weights with strict key and
 shape checks. This layer writes no ONNX: `icl_zoo_export.save_checkpoint(ckpt, folder)` saves the
 checkpoint with its graphs (`Checkpoint.save_files(folder, graphs=...)`), hashes and card included.
@@ -126,16 +127,25 @@ class Checkpoint(
         # The weights carry the hash of the config they were saved with, and the config the hash of
         # the weights: an edit to either (e.g. construction.eta) is refused on load.
         save_weights(state, folder / WEIGHTS, config_sha256=config_core_sha256(core))
+        # model.onnx always; model_step.onnx + model_chunk.onnx when recurrent. A graph this save did
+        # not write is removed only now, after the writer succeeded: a failed export leaves the folder's
+        # earlier graphs, still listed with their hashes, instead of a config.json naming missing files.
+        written = {Path(p).name for p in (graphs(self, folder) or [])} if graphs is not None else set()
         for name in GRAPH_FILES:
-            (folder / name).unlink(missing_ok=True)
-        if graphs is not None:  # model.onnx always; model_step.onnx + model_chunk.onnx when recurrent
-            graphs(self, folder)
+            if name not in written:
+                (folder / name).unlink(missing_ok=True)
         (folder / EVAL_RESULTS).write_text(json.dumps(self.metrics, indent=2, sort_keys=True))
         if self.history:
             (folder / HISTORY).write_text(json.dumps(self.history))
         write_config(folder, core)
         write_card_and_figures(self, folder)
         return folder
+
+    def push_to_hub(self, repo_id: str, **_kwargs):
+        raise NotImplementedError(
+            f"a zoo checkpoint is published with its ONNX graphs, which this layer does not write: "
+            f"`icl_zoo_export.save_checkpoint(ckpt, folder)`, then `zoo publish folder --repo {repo_id} --hub hf`"
+        )
 
     # ------------------------------------------------------------- load
     @classmethod

@@ -75,8 +75,8 @@ def read_index(root: Path | None = None) -> dict:
                 raise ValueError(f"row {name!r} does not name itself or list its files")
             for file in row["files"]:
                 safe_name(file.lower(), "released file")
-    except (ValueError, KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
-        raise ReleaseError(f"{path}: not a valid release index ({e})") from None
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError, json.JSONDecodeError) as e:
+        raise ReleaseError(f"{path}: not a valid release index ({type(e).__name__}: {str(e)[:200]})") from None
     return index
 
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import struct
 from pathlib import Path
+
+from zoo.names import safe_name  # noqa: F401  (re-exported)
 
 FORMAT = "icl-zoo-checkpoint/1"
 CONFIG = "config.json"
@@ -29,21 +30,12 @@ GRAPH_FILES = (SEQUENCE_FILE, STEP_FILE, CHUNK_FILE)
 HASHED_FILES = (WEIGHTS, EVAL_RESULTS, HISTORY, *GRAPH_FILES)
 CONFIG_HASH_KEY = "icl_zoo.config_sha256"  # safetensors metadata: SHA-256 of config.json without its "files"
 MAX_HEADER = 100 * 2**20
+MAX_JSON = 64 * 2**20  # config.json, eval_results.json, history: far above any real one, far below a memory bomb
 
-SAFE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.=-]{0,199}$")
 
 
 class CheckpointError(ValueError):
     """A checkpoint folder is incomplete, tampered with, or does not match its architecture."""
-
-
-def safe_name(name: str, what: str = "task name") -> str:
-    """A name that may become a path component: lowercase letters, digits and - _ . =, no '..'.
-    Task names come from registry files, sweep overrides and downloaded config.json files alike."""
-    if not isinstance(name, str) or not SAFE_NAME.match(name) or ".." in name:
-        raise ValueError(f"{what} {name!r} is not a safe name (lowercase letters, digits, '-', '_', '.', '='; "
-                         "no '/', no '..'); refusing to use it as a path")
-    return name
 
 
 def sha256_file(path: Path) -> str:
@@ -52,6 +44,23 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def parse_json(raw: bytes | str, where) -> object:
+    """JSON from an untrusted file: invalid text, bad UTF-8 and nesting deep enough to exhaust the
+    parser's recursion are all a CheckpointError naming `where`."""
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise CheckpointError(f"{where}: not valid JSON ({type(e).__name__}: {str(e)[:200]})") from None
+
+
+def read_json_file(path: Path) -> object:
+    """`parse_json` of a file no larger than MAX_JSON (checked before it is read)."""
+    size = Path(path).stat().st_size
+    if size > MAX_JSON:
+        raise CheckpointError(f"{path}: {size} bytes, more than the {MAX_JSON} a checkpoint's JSON file may have")
+    return parse_json(Path(path).read_bytes(), path)
 
 
 def config_core_sha256(config: dict) -> str:
@@ -68,10 +77,9 @@ def safetensors_header(path: Path) -> tuple[int, dict]:
         n = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
         if not 0 < n <= MAX_HEADER:
             raise CheckpointError(f"{path}: not a safetensors file (header length {n})")
-        try:
-            header = json.loads(f.read(n))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{path}: unreadable safetensors header ({e})") from None
+        header = parse_json(f.read(n), f"{path}: safetensors header")
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: the safetensors header is not a JSON object")
     return n, header
 
 
@@ -120,7 +128,9 @@ def write_config(folder: Path, core: dict) -> None:
 
 def read_config_core(folder: Path) -> dict:
     """config.json of `folder` without its "files" section (to re-record the hashes with `write_config`)."""
-    config = json.loads((Path(folder) / CONFIG).read_text())
+    config = read_json_file(Path(folder) / CONFIG)
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{Path(folder) / CONFIG}: not a JSON object")
     return {k: v for k, v in config.items() if k != "files"}
 
 
@@ -132,10 +142,7 @@ def verify_files(folder: Path) -> dict:
     if not _present(folder, CONFIG):
         raise CheckpointError(f"{folder}: no {CONFIG}; not an icl-zoo checkpoint")
     config_path = contained_file(folder, CONFIG)
-    try:
-        config = json.loads(config_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{config_path}: not valid JSON ({e})") from None
+    config = read_json_file(config_path)
     if not isinstance(config, dict) or config.get("format") != FORMAT:
         raise CheckpointError(f"{config_path}: format {config.get('format') if isinstance(config, dict) else None!r}, expected {FORMAT!r}")
     files = config.get("files", {})
@@ -168,8 +175,4 @@ def read_json(folder: Path, name: str):
     folder = Path(folder)
     if not _present(folder, name):
         return None
-    path = contained_file(folder, name)
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    return read_json_file(contained_file(folder, name))

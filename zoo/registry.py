@@ -117,7 +117,7 @@ class TrainRecipe(Strict):
     seed: int = 0
     eval_every: int = Field(500, gt=0)  # validation on the frozen split every N steps
     checkpoint_every: int = Field(1000, gt=0)  # resumable training state every N steps
-    init: Literal["gd", "gd_ssm"] | None = None  # start from this construction (analytic η) instead of random weights
+    init: ConstructionName | None = None  # start from this construction (analytic η) instead of random weights
     freeze: list[str] = []  # parameter-name prefixes left as initialised (e.g. the constructed layers)
 
     @model_validator(mode="after")

@@ -231,8 +231,11 @@ class Step:
         return losses.detach().reshape(self.members)
 
     def __call__(self, step: int) -> torch.Tensor:
-        """Run optimiser step number `step`; returns the losses (E,) computed before the update."""
+        """Run optimiser step number `step`; returns the losses (E,) computed before the update. A
+        non-finite loss is not applied (the loop stops on it): the model keeps its last finite weights."""
         losses = self.forward_backward()
+        if self.checks_each_step and not torch.isfinite(losses).all():
+            return losses
         self.update()
         self.sched.step()
         return losses
@@ -300,7 +303,7 @@ def fit(step: Step, recipe, *, run_dir: Path, total: int, until: int | None = No
             clock.tick(at)
             losses = step(at)  # (E,)
             if step.checks_each_step:
-                _stop_if(~torch.isfinite(losses), step, run_dir, "the loss", f"is not finite at step {at}")
+                _stop_if(~torch.isfinite(losses), step, run_dir, "the loss", f"is not finite at step {at} ({row_value(losses)})")
             running += losses
             count += 1
             done = at + 1

@@ -30,8 +30,10 @@ FAMILY_OF_TYPE: dict[str, Family] = {t: f for f in FAMILIES for t in f.arch_type
 CONSTRUCTIONS: dict[str, tuple[Family, ConstructionRule]] = {
     name: (f, rule) for f in FAMILIES for name, rule in f.constructions.items()
 }
-assert len(FAMILY_OF_TYPE) == sum(len(f.arch_types) for f in FAMILIES), "two families claim one arch type"
-assert len(CONSTRUCTIONS) == sum(len(f.constructions) for f in FAMILIES), "two families claim one construction"
+if len(FAMILY_OF_TYPE) != sum(len(f.arch_types) for f in FAMILIES):
+    raise ImportError("two model families claim one arch type")
+if len(CONSTRUCTIONS) != sum(len(f.constructions) for f in FAMILIES):
+    raise ImportError("two model families claim one construction")
 
 
 def create_model(arch, task) -> ZooModel:
@@ -45,8 +47,9 @@ def create_model(arch, task) -> ZooModel:
 def construction_problem(arch, task_spec, source) -> str | None:
     """Why `source.construction` cannot set the weights of `arch` on the task `task_spec` (None when it can)."""
     family, rule = CONSTRUCTIONS[source.construction]
-    if arch.type not in family.arch_types:
-        types = " or ".join(f"'{t}'" for t in family.arch_types)
+    applies_to = rule.arch_types or family.arch_types
+    if arch.type not in applies_to:
+        types = " or ".join(f"'{t}'" for t in applies_to)
         return f"'{source.construction}' needs arch type {types}"
     return rule.problem(arch, task_spec, source)
 

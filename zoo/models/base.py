@@ -125,6 +125,7 @@ class ConstructionRule:
     problem: Callable[..., str | None]
     apply: Callable[..., dict]
     description: str = ""  # one line: what the weights compute
+    arch_types: tuple[str, ...] = ()  # the arch types it applies to, where not every type of its family
 
 
 @dataclass(frozen=True)

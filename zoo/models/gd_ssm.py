@@ -47,10 +47,9 @@ from pydantic import Field
 from torch import nn
 
 from zoo.models.base import ConstructionRule, Family, ZooModel
-from zoo.schema import Strict
-from zoo.tasks.regression import resolve_eta
 from zoo.models.scan import last_state, scan, with_history
-from zoo.tasks.regression import Readout
+from zoo.schema import Strict
+from zoo.tasks.regression import Readout, resolve_eta
 
 
 def _nu_from_lambda(shape, lambda_range: tuple[float, float]) -> torch.Tensor:

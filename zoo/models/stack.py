@@ -196,7 +196,7 @@ FAMILY = Family(
     arch=RecurrentStackArch,
     build=build,
     constructions={"lstm_from_lsa": ConstructionRule(_lstm_from_lsa_problem, _apply_lstm_from_lsa,
-                                                     "an LSTM layer ≈ an LSA layer, exact as ε → 0")},
+                                                     "an LSTM layer ≈ an LSA layer, exact as ε → 0", arch_types=("lstm",))},
     card="""
 A deep recurrent stack (linear embedding → blocks → linear read-out, no normalisation layers, as
 Zucchet et al. A.1 compare them): LRU (with its gating variants), S5, LSTM, GRU, bi-LSTM, Mamba or
