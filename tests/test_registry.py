@@ -154,9 +154,9 @@ def test_every_metric_evaluation_writes_is_declared_once():
 
 
 def test_a_family_is_one_module():
-    """Everything a family declares (schema, build, construction rules, card prose) comes from the
-    module of its model, and the registry's arch schemas and construction names are exactly the
-    families'."""
+    """Everything a family declares (schema, build, construction rules, card prose, weight figure)
+    comes from the module of its model, and the registry's arch schemas and construction names are
+    exactly the families'."""
     from typing import get_args
 
     from zoo.models import CONSTRUCTIONS, FAMILIES, FAMILY_OF_TYPE
@@ -166,6 +166,8 @@ def test_a_family_is_one_module():
     for family in FAMILIES:
         home = family.build.__module__
         assert family.arch.__module__ == home and family.card.strip(), family.name
+        if family.weights is not None:
+            assert getattr(family.weights.matrices, "__module__", home) == home, family.name
         for name, rule in family.constructions.items():
             assert getattr(rule.problem, "func", rule.problem).__module__ == home, (family.name, name)
     assert set(get_args(get_args(Arch)[0])) == {f.arch for f in FAMILIES}

@@ -111,19 +111,11 @@ def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
     if "position_loss" in m:
         plots.position_curve(m, folder / "loss_vs_position.png", title=f"{entry.name}: loss against position (test split)")
         figures.append({"file": "loss_vs_position.png", "alt": "test loss of the prediction after t examples, with GD, online GD and least squares on the prefix"})
-    if entry.arch.type == "lsa":
-        plots.weight_matrices(plots.lsa_matrices(ckpt.model), folder / "weights.png", title=f"{entry.name}: weight products")
-        figures.append({"file": "weights.png", "alt": "W_K^T W_Q and W_P W_V of every layer"})
-    elif entry.arch.type == "gated_rnn" and entry.arch.recurrence == "diagonal":
-        from zoo.analysis.rnn import gated_rnn_matrices
-
-        plots.weight_matrices(gated_rnn_matrices(ckpt.model), folder / "weights.png",
-                              title=f"{entry.name}: pruned weights, neurons sorted by λ (cf. Zucchet Fig. 2.A)")
-        figures.append({"file": "weights.png", "alt": "gating weights, λ and readout of the pruned network"})
-    elif entry.arch.type == "gd_ssm":
-        plots.weight_matrices(plots.gd_ssm_matrices(ckpt.model), folder / "weights.png",
-                              title=f"{entry.name}: window projections, Λ and read-out (cf. Sushma, Tian et al. Fig. 3)")
-        figures.append({"file": "weights.png", "alt": "A, B (Ã, B̃), Λ of every layer and the read-out Q, R"})
+    weights = FAMILY_OF_TYPE[entry.arch.type].weights
+    matrices = weights.matrices(ckpt.model) if weights is not None else None
+    if matrices is not None:
+        plots.weight_matrices(matrices, folder / "weights.png", title=f"{entry.name}: {weights.title}")
+        figures.append({"file": "weights.png", "alt": weights.alt})
 
     src = entry.source
     if src.kind == "constructed":

@@ -15,6 +15,7 @@ import torch
 from zoo.analysis.polynomial import coefficients, polynomial_distance, prediction_map, regression_coefficient_table
 from zoo.analysis.rnn import imperfect_memory_effect, kv_q_scores, memory_leak
 from zoo.models.gated_rnn import GatedLinearRNN
+from zoo.models import FAMILY_OF_TYPE
 from zoo.models.lsa import LinearSelfAttention, teacher_lsa
 from zoo.tasks.teacher import LSATeacherTask
 from zoo.tasks.regression import (
@@ -72,8 +73,8 @@ def gd_reference(entry, task, construction: dict | None = None, validation_batch
     if isinstance(task, LSATeacherTask):
         return {}
     construction, recorded = construction or {}, recorded or {}
-    steps = construction.get("gd_steps") or (entry.arch.n_layers if entry.arch.type == "gd_ssm" else 1)
-    ridge = entry.arch.ridge if entry.arch.type == "gd_ssm" else 0.0
+    family_steps, ridge = FAMILY_OF_TYPE[entry.arch.type].gd_reference(entry.arch)
+    steps = construction.get("gd_steps") or family_steps
     eta = construction.get("eta", recorded.get("gd_eta"))
     if eta is None and steps > 1 and validation_batch is not None:
         eta = resolve_eta("line_search", task, steps, validation_batch, ridge=ridge)

@@ -73,31 +73,6 @@ def weight_matrices(matrices: dict[str, torch.Tensor], path: Path, *, title: str
     return path
 
 
-def lsa_matrices(model) -> dict[str, torch.Tensor]:
-    """The products that identify θ_GD up to symmetry (von Oswald et al. Fig. 2): W_KᵀW_Q and W_P W_V."""
-    out = {}
-    for i, layer in enumerate(model.layers):
-        out[f"layer {i}: W_Kᵀ W_Q"] = layer.w_k.T @ layer.w_q
-        out[f"layer {i}: W_P W_V"] = layer.w_p @ layer.w_v
-    return out
-
-
-def gd_ssm_matrices(model) -> dict[str, torch.Tensor]:
-    """What the GD-SSM construction fixes (Sushma, Tian et al. Fig. 3): the window projections
-    feeding each state (β folded into A), the decays Λ, and the query / read-out projections."""
-    out = {}
-    for i, layer in enumerate(model.layers):
-        out[f"layer {i}: β·A (values)"] = layer.beta * layer.a
-        out[f"layer {i}: B (keys)"] = layer.b
-        out[f"layer {i}: Λ"] = torch.exp(-torch.exp(layer.nu))
-        if layer.second_head:
-            out[f"layer {i}: Ã"] = layer.a_tilde
-            out[f"layer {i}: B̃"] = layer.b_tilde
-    out["Q (query)"] = model.q
-    out["R (read-out gate)"] = model.r
-    return out
-
-
 def gd_ssm_kernel_figure(result: dict, path: Path, *, title: str = "") -> Path:
     """Trained against constructed GD-SSM kernels (zoo/analysis/gd_ssm_kernels.py): K, each V_k
     and Λ, in the construction's gauge, with their cosines in the panel titles."""

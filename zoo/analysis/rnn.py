@@ -8,7 +8,7 @@ import copy
 
 import torch
 
-from zoo.models.gated_rnn import GatedLinearRNN
+from zoo.models.gated_rnn import GatedLinearRNN, active_neurons, gated_rnn_matrices, prune  # noqa: F401  (re-exported)
 
 
 def r2_score(features: torch.Tensor, targets: torch.Tensor) -> float:
@@ -20,36 +20,6 @@ def r2_score(features: torch.Tensor, targets: torch.Tensor) -> float:
     ss_res = (resid**2).sum(0)
     ss_tot = ((targets - targets.mean(0)) ** 2).sum(0).clamp_min(1e-300)
     return float((1 - ss_res / ss_tot).mean())
-
-
-def active_neurons(rnn: GatedLinearRNN, tol: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
-    """Masks of hidden neurons and gates that can influence the output.
-
-    A hidden neuron is dead if its input gating rows are zero (it never receives input) or
-    its columns in both output gating matrices are zero (nothing reads it); a gate is dead if
-    either of its rows is zero or D never reads it."""
-    with torch.no_grad():
-        feeds = (rnn.w_m_in.abs().amax(1) > tol) & (rnn.w_x_in.abs().amax(1) > tol)
-        read = (rnn.w_m_out.abs().amax(0) > tol) | (rnn.w_x_out.abs().amax(0) > tol)
-        hidden = feeds & read
-        gates = (rnn.w_m_out[:, hidden].abs().amax(1) > tol) & (rnn.w_x_out[:, hidden].abs().amax(1) > tol) \
-            & (rnn.readout_matrix.abs().amax(0) > tol)
-    return hidden, gates
-
-
-@torch.no_grad()
-def prune(rnn: GatedLinearRNN, tol: float = 1e-6) -> GatedLinearRNN:
-    """An equivalent smaller RNN without the neurons `active_neurons` finds dead."""
-    hidden, gates = active_neurons(rnn, tol)
-    small = GatedLinearRNN(rnn.d_in, rnn.d_out, rnn.readout, hidden=int(hidden.sum()), gates=int(gates.sum()))
-    small = small.to(rnn.w_m_in.dtype)
-    small.w_m_in.copy_(rnn.w_m_in[hidden])
-    small.w_x_in.copy_(rnn.w_x_in[hidden])
-    small.nu.copy_(rnn.nu[hidden])
-    small.w_m_out.copy_(rnn.w_m_out[gates][:, hidden])
-    small.w_x_out.copy_(rnn.w_x_out[gates][:, hidden])
-    small.readout_matrix.copy_(rnn.readout_matrix[:, gates])
-    return small
 
 
 @torch.no_grad()
@@ -111,13 +81,3 @@ def memory_leak(rnn: GatedLinearRNN) -> float | None:
     lam = copy.deepcopy(rnn).double().lam()  # 1 − λ in float32 would keep ~3 digits
     memory = hidden & (lam > 0.5)
     return float(torch.quantile(1 - lam[memory], 0.5)) if memory.any() else None
-
-
-def gated_rnn_matrices(rnn: GatedLinearRNN) -> dict[str, torch.Tensor]:
-    """Figure 2.A: the weights of the pruned network, hidden neurons sorted by λ."""
-    small = prune(rnn)
-    order = torch.argsort(small.lam(), descending=True)
-    return {
-        "W_m^in": small.w_m_in[order], "W_x^in": small.w_x_in[order], "λ": small.lam()[order].unsqueeze(1),
-        "W_m^out": small.w_m_out[:, order], "W_x^out": small.w_x_out[:, order], "D": small.readout_matrix,
-    }

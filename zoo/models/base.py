@@ -129,12 +129,28 @@ class ConstructionRule:
 
 
 @dataclass(frozen=True)
+class WeightsFigure:
+    """The weight matrices a model card draws for a family (weights.png)."""
+
+    matrices: Callable[[ZooModel], dict[str, torch.Tensor] | None]  # None: nothing to draw for this model
+    title: str  # after the entry's name
+    alt: str  # the figure's alt text
+
+
+def one_gd_step(arch) -> tuple[int, float]:
+    return 1, 0.0
+
+
+@dataclass(frozen=True)
 class Family:
     name: str
     arch: type  # the pydantic config schema; its `type` Literal lists the arch types it builds
     build: Callable[..., ZooModel]  # build(arch, task) -> the untrained model
     constructions: dict[str, ConstructionRule] = field(default_factory=dict)
     card: str = ""  # model-card prose: what the architecture is and computes (markdown)
+    weights: WeightsFigure | None = None  # the card's weight figure
+    # (GD steps, ridge) a model of this family is scored against when no construction says otherwise
+    gd_reference: Callable[..., tuple[int, float]] = one_gd_step
 
     @property
     def arch_types(self) -> tuple[str, ...]:

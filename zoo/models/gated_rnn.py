@@ -37,7 +37,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from zoo.models.base import ConstructionRule, Family, ZooModel
+from zoo.models.base import ConstructionRule, Family, WeightsFigure, ZooModel
 from zoo.models.lsa import implemented_lsa, lsa_problem, lsa_width
 from zoo.models.scan import last_state, scan
 from zoo.schema import Strict
@@ -181,6 +181,47 @@ def rnn_from_lsa(w_v: torch.Tensor, w_k: torch.Tensor, w_q: torch.Tensor, readou
     return rnn
 
 
+# ---------------------------------------------------------------------------- pruning
+def active_neurons(rnn: GatedLinearRNN, tol: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masks of hidden neurons and gates that can influence the output.
+
+    A hidden neuron is dead if its input gating rows are zero (it never receives input) or
+    its columns in both output gating matrices are zero (nothing reads it); a gate is dead if
+    either of its rows is zero or D never reads it."""
+    with torch.no_grad():
+        feeds = (rnn.w_m_in.abs().amax(1) > tol) & (rnn.w_x_in.abs().amax(1) > tol)
+        read = (rnn.w_m_out.abs().amax(0) > tol) | (rnn.w_x_out.abs().amax(0) > tol)
+        hidden = feeds & read
+        gates = (rnn.w_m_out[:, hidden].abs().amax(1) > tol) & (rnn.w_x_out[:, hidden].abs().amax(1) > tol) \
+            & (rnn.readout_matrix.abs().amax(0) > tol)
+    return hidden, gates
+
+
+@torch.no_grad()
+def prune(rnn: GatedLinearRNN, tol: float = 1e-6) -> GatedLinearRNN:
+    """An equivalent smaller RNN without the neurons `active_neurons` finds dead."""
+    hidden, gates = active_neurons(rnn, tol)
+    small = GatedLinearRNN(rnn.d_in, rnn.d_out, rnn.readout, hidden=int(hidden.sum()), gates=int(gates.sum()))
+    small = small.to(rnn.w_m_in.dtype)
+    small.w_m_in.copy_(rnn.w_m_in[hidden])
+    small.w_x_in.copy_(rnn.w_x_in[hidden])
+    small.nu.copy_(rnn.nu[hidden])
+    small.w_m_out.copy_(rnn.w_m_out[gates][:, hidden])
+    small.w_x_out.copy_(rnn.w_x_out[gates][:, hidden])
+    small.readout_matrix.copy_(rnn.readout_matrix[:, gates])
+    return small
+
+
+def gated_rnn_matrices(rnn: GatedLinearRNN) -> dict[str, torch.Tensor]:
+    """Figure 2.A: the weights of the pruned network, hidden neurons sorted by λ."""
+    small = prune(rnn)
+    order = torch.argsort(small.lam(), descending=True)
+    return {
+        "W_m^in": small.w_m_in[order], "W_x^in": small.w_x_in[order], "λ": small.lam()[order].unsqueeze(1),
+        "W_m^out": small.w_m_out[:, order], "W_x^out": small.w_x_out[:, order], "D": small.readout_matrix,
+    }
+
+
 # ---------------------------------------------------------------------------- the family
 class GatedRNNArch(Strict):
     type: Literal["gated_rnn"]
@@ -224,6 +265,9 @@ FAMILY = Family(
     build=build,
     constructions={"rnn_from_lsa": ConstructionRule(_rnn_from_lsa_problem, _apply_rnn_from_lsa,
                                                     "the RNN that implements an LSA layer exactly (θ_GD or the teacher)")},
+    weights=WeightsFigure(lambda rnn: gated_rnn_matrices(rnn) if rnn.recurrence == "diagonal" else None,
+                          "pruned weights, neurons sorted by λ (cf. Zucchet Fig. 2.A)",
+                          "gating weights, λ and readout of the pruned network"),
     card="""
 A gated diagonal linear RNN (Zucchet et al. 2023, Eq. 2): h_t = λ ⊙ h_{t−1} + (W_m x̃_t) ⊙ (W_x x̃_t),
 y_t = D ((W_m' h_t) ⊙ (W_x' h_t)). Its instantaneous map is a degree-4 polynomial, and with perfect-memory

@@ -46,7 +46,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from zoo.models.base import ConstructionRule, Family, ZooModel
+from zoo.models.base import ConstructionRule, Family, WeightsFigure, ZooModel
 from zoo.models.scan import last_state, scan, with_history
 from zoo.schema import Strict
 from zoo.tasks.regression import Readout, resolve_eta
@@ -338,6 +338,22 @@ def construct_gd_ssm(model: GDSSM, layout: str, d_x: int, d_y: int, eta: float) 
     return model
 
 
+def gd_ssm_matrices(model: GDSSM) -> dict[str, torch.Tensor]:
+    """What the GD-SSM construction fixes (Sushma, Tian et al. Fig. 3): the window projections
+    feeding each state (β folded into A), the decays Λ, and the query / read-out projections."""
+    out = {}
+    for i, layer in enumerate(model.layers):
+        out[f"layer {i}: β·A (values)"] = layer.beta * layer.a
+        out[f"layer {i}: B (keys)"] = layer.b
+        out[f"layer {i}: Λ"] = torch.exp(-torch.exp(layer.nu))
+        if layer.second_head:
+            out[f"layer {i}: Ã"] = layer.a_tilde
+            out[f"layer {i}: B̃"] = layer.b_tilde
+    out["Q (query)"] = model.q
+    out["R (read-out gate)"] = model.r
+    return out
+
+
 # ---------------------------------------------------------------------------- the family
 class GDSSMArch(Strict):
     type: Literal["gd_ssm"]
@@ -385,6 +401,9 @@ FAMILY = Family(
     build=build,
     constructions={"gd_ssm": ConstructionRule(_gd_ssm_problem, _apply_gd_ssm,
                                               "L layers = L steps of (ridge-regularised) GD at η")},
+    weights=WeightsFigure(gd_ssm_matrices, "window projections, Λ and read-out (cf. Sushma, Tian et al. Fig. 3)",
+                          "A, B (Ã, B̃), Λ of every layer and the read-out Q, R"),
+    gd_reference=lambda arch: (arch.n_layers, arch.ridge),  # one GD step per layer, with the layers' ridge
     card="""
 GD-SSM (Sushma, Tian et al. 2024): local self-attention over a sliding window of 3 tokens feeds
 a diagonal linear recurrence whose state is a matrix, Z_t = Λ ⊙ Z_{t−1} + (A c_t)(B c_t)ᵀ, and

@@ -38,7 +38,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from zoo.models.base import ConstructionRule, Family, NotRecurrentError, ZooModel
+from zoo.models.base import ConstructionRule, Family, NotRecurrentError, WeightsFigure, ZooModel
 from zoo.schema import Strict
 from zoo.tasks.regression import Readout, resolve_eta
 
@@ -250,6 +250,15 @@ def lsa_problem(task, source) -> str | None:
     return None
 
 
+def lsa_matrices(model: LinearSelfAttention) -> dict[str, torch.Tensor]:
+    """The products that identify θ_GD up to symmetry (von Oswald et al. Fig. 2): W_KᵀW_Q and W_P W_V."""
+    out = {}
+    for i, layer in enumerate(model.layers):
+        out[f"layer {i}: W_Kᵀ W_Q"] = layer.w_k.T @ layer.w_q
+        out[f"layer {i}: W_P W_V"] = layer.w_p @ layer.w_v
+    return out
+
+
 # ---------------------------------------------------------------------------- the family
 class LSAArch(Strict):
     type: Literal["lsa"]
@@ -290,6 +299,7 @@ FAMILY = Family(
     arch=LSAArch,
     build=build,
     constructions={"gd": ConstructionRule(_gd_problem, _apply_gd, "θ_GD: each layer (each loop) one GD step at η")},
+    weights=WeightsFigure(lsa_matrices, "weight products", "W_K^T W_Q and W_P W_V of every layer"),
     card="""
 Linear self-attention (single head, no softmax, no normalisation, residual) on tokens
 e_i = (x_i, y_i) and the query (x_q, 0). With W_K = W_Q = [[I,0],[0,0]], W_V = [[0,0],[W_0,−I]]
