@@ -452,3 +452,21 @@ def test_hostile_json_is_a_checkpoint_error(tmp_path, attack):
         return
     with pytest.raises(CheckpointError, match="config.json"):
         verify_files(folder)
+
+
+def test_a_hostile_release_index_is_a_release_error(tmp_path):
+    """A release index nested deep enough to exhaust the JSON parser is refused as an invalid index."""
+    from zoo.locate import ReleaseError, read_index
+
+    (tmp_path / "index.json").write_text("[" * 200_000)
+    with pytest.raises(ReleaseError, match="not a valid release index"):
+        read_index(tmp_path)
+
+
+def test_push_to_hub_refuses_a_repo_without_its_graphs():
+    """The checkpoint layer writes no ONNX: pushing it would publish a repo that cannot stream, so it says how to publish instead."""
+    import zoo
+
+    ckpt = zoo.load("lsa-gd-zucchet-icl")
+    with pytest.raises(NotImplementedError, match=r"icl_zoo_export.save_checkpoint.*zoo publish folder --repo me/x"):
+        ckpt.push_to_hub("me/x")
