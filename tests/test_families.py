@@ -1,6 +1,7 @@
 """The comparison families (LRU, S5, LSTM, GRU, bi-LSTM, Mamba, Griffin, softmax transformer):
 their defining equations, forward = iterated step, and what each may and may not see."""
 
+import dataclasses
 import math
 
 import pytest
@@ -97,6 +98,22 @@ def test_bidirectional_lstm_sees_the_future_and_has_no_state():
         model.init_state(2)
 
 
+@pytest.mark.parametrize("n_layers", [1, 3])
+def test_bidirectional_lstm_reads_its_last_position_with_one_backward_step(n_layers):
+    """At the last position the backward direction has seen one token: `predict` runs it as one
+    cell step (and the forward direction through the fused kernel with this layer's weights). It
+    equals the full bidirectional pass, adds no parameter, and follows the weights it borrows."""
+    torch.manual_seed(6)
+    model = create_model(RecurrentStackArch(type="bilstm", width=8, n_layers=n_layers), TASK).double()
+    tokens = TASK.sample(4, seed=2, dtype=torch.float64).tokens
+    torch.testing.assert_close(model.predict(tokens), model.readout(model(tokens)), rtol=1e-12, atol=1e-12)
+    assert not any("_forward_direction" in k for k in model.state_dict())
+    with torch.no_grad():  # the borrowed forward weights and the backward step's weights are the layer's own
+        model.blocks[-1].lstm.weight_hh_l0.mul_(0.5)
+        model.blocks[-1].lstm.weight_ih_l0_reverse.mul_(2.0)
+    torch.testing.assert_close(model.predict(tokens), model.readout(model(tokens)), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_softmax_transformer_mask(causal):
     torch.manual_seed(7)
@@ -109,6 +126,26 @@ def test_softmax_transformer_mask(causal):
     assert not model.recurrent
     with pytest.raises(ValueError, match="max_len"):
         model(torch.zeros(1, 300, TASK.token_dim, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n_layers, heads", [(1, 1), (2, 4)])
+@pytest.mark.parametrize("position", [-1, 4])
+def test_softmax_transformer_predict_at_the_query_only_equals_reading_forward(causal, n_layers, heads, position):
+    """The training read-out runs the last block at the query only: keys and values at every token
+    (every token, unmasked; up to the query, masked), the rest at one. It must equal the full
+    forward pass read at the query, also for a query before the end."""
+    torch.manual_seed(3)
+    arch = TransformerArch(type="softmax_transformer", width=16, n_layers=n_layers, heads=heads, causal=causal)
+    model = create_model(arch, TASK).double()
+    model.readout = dataclasses.replace(model.readout, position=position)
+    tokens = TASK.sample(5, seed=1, dtype=torch.float64).tokens
+    want = model.readout(model(tokens))
+    torch.testing.assert_close(model.predict(tokens), want, rtol=1e-12, atol=1e-12)
+    if causal:  # masked, what follows the query cannot matter
+        later = tokens.clone()
+        later[:, position + 1 :] += 1.0 if position >= 0 else 0.0
+        torch.testing.assert_close(model.predict(later), want, rtol=1e-12, atol=1e-12)
 
 
 def test_variant_only_for_lru():

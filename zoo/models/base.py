@@ -101,6 +101,11 @@ class RecurrentBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_chunk(x, None)[0]
 
+    def forward_last(self, x: torch.Tensor) -> torch.Tensor:
+        """The output at the last position only (B, h): what a read-out of the last token needs.
+        A block that can skip work for it overrides this (the bi-LSTM's backward direction)."""
+        return self(x)[:, -1]
+
     def forward_chunk(self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None):
         raise NotImplementedError
 

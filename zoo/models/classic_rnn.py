@@ -34,10 +34,26 @@ class LSTMBlock(RecurrentBlock):
         self.bidirectional = bidirectional
         hidden = width // 2 if bidirectional else width
         self.lstm = nn.LSTM(width, hidden, batch_first=True, bidirectional=bidirectional)
+        # the forward direction alone, run with `lstm`'s weights (a tuple keeps it out of the state dict)
+        self._forward_direction = (nn.LSTM(width, hidden, batch_first=True),) if bidirectional else ()
 
     def forward_chunk(self, x: torch.Tensor, state: tuple[torch.Tensor, ...] | None):
         y, (h, c) = self.lstm(x, None if state is None else (state[0].unsqueeze(0), state[1].unsqueeze(0)))
         return y, (h[-1], c[-1])  # (B, T, width); the last direction's final state (the only one when recurrent)
+
+    def forward_last(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, width) at the last position. Bidirectional, the backward direction's output there is
+        one cell step from the zero state on the last token, so only the forward direction runs the
+        whole sequence (the fused kernel, with this layer's forward weights)."""
+        if not self.bidirectional:
+            return super().forward_last(x)
+        lstm = self.lstm
+        forward_weights = {name: getattr(lstm, name) for name in ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")}
+        ahead = torch.func.functional_call(self._forward_direction[0], forward_weights, (x,))[0][:, -1]  # (B, width/2)
+        gates = x[:, -1] @ lstm.weight_ih_l0_reverse.T + lstm.bias_ih_l0_reverse + lstm.bias_hh_l0_reverse  # h = 0
+        i, _, g, o = gates.chunk(4, dim=-1)  # c = 0: the forget gate multiplies nothing
+        back = torch.sigmoid(o) * torch.tanh(torch.sigmoid(i) * torch.tanh(g))  # (B, width/2)
+        return torch.cat([ahead, back], dim=-1)
 
     def state_shapes(self):
         return [("h", (self.width,)), ("c", (self.width,))]

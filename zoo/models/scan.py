@@ -7,9 +7,9 @@ h_t = b_t + A_t ⊙ h_0 (what a streamed chunk needs). Both forms agree to round
 
 The doublings cost ⌈log₂ T⌉ passes over all (B, T, …) elements, the sequential form one pass
 in T small steps. `scan` picks: the parallel form in exported graphs (their T is symbolic) and
-for long sequences; the sequential one for the zoo's short training prompts (T ≤ 16) and for
-wide states (Mamba's e·N channels), where the extra passes cost more than the Python steps
-(measured on the 2-core CPU: Mamba 1.7×/3× faster eager/compiled, LRU 1.8×, S5 1.5× eager;
+for long sequences; the sequential one for the zoo's short training prompts (T ≤ 16 eager, T ≤ 64
+compiled) and for wide states (Mamba's e·N channels), where the extra passes cost more than the
+Python steps (measured on the 2-core CPU: Mamba 1.7×/3× faster eager/compiled, LRU 1.8×, S5 1.5× eager;
 reports/engineering/train-throughput-cpu.md). The diagonal RNN, GD-SSM, LRU, Mamba and Griffin
 families call `scan` in `forward` and `forward_chunk`; their `step` is the sequential form.
 
@@ -116,6 +116,10 @@ def parallel_scan(a: torch.Tensor, b: torch.Tensor, *, complex_pairs: bool = Fal
 
 
 SHORT_SCAN_LEN = 16  # sequences up to this length scan step by step (outside exported graphs)
+# Compiled, inductor fuses each step's multiply-add into one loop, so the step-by-step form wins for
+# longer prompts: forward + backward of (64, T, 100) on the 2-core CPU, sequential vs parallel,
+# 0.79 vs 1.33 ms at T = 24, 1.05 vs 1.81 ms at T = 32, 4.6 vs 6.5 ms at T = 64.
+COMPILED_SHORT_SCAN_LEN = 64
 WIDE_SCAN_CHANNELS = 512  # ... and so do states this wide (per sequence: Mamba's e·N = 1024 at the zoo's sizes)
 
 
@@ -126,7 +130,8 @@ def scan(a: torch.Tensor, b: torch.Tensor, *, complex_pairs: bool = False, h0: t
     with the same arithmetic whatever batch it comes in."""
     if parallel is None:
         T, width = b.shape[1], b[0, 0].numel()
-        parallel = torch.compiler.is_exporting() or (T > SHORT_SCAN_LEN and width < WIDE_SCAN_CHANNELS)
+        short = COMPILED_SHORT_SCAN_LEN if torch.compiler.is_compiling() else SHORT_SCAN_LEN
+        parallel = torch.compiler.is_exporting() or (T > short and width < WIDE_SCAN_CHANNELS)
     return (parallel_scan if parallel else sequential_scan)(a, b, complex_pairs=complex_pairs, h0=h0)
 
 

@@ -53,6 +53,21 @@ class SequenceStack(ZooModel):
             x = x + y if self.residual else y
         return self.head(x)  # (B, T, d_out)
 
+    def predict(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The read-out. With one query position, the last block and the head run for that position
+        only (`forward_last`: a bi-LSTM's backward direction is then one step). A causal stack drops
+        the tokens after the query; one that sees the future keeps them, and reads the last token
+        only (otherwise it takes the full forward pass)."""
+        position = self.readout.position
+        if position is None or (not self.recurrent and position != -1):
+            return super().predict(tokens)
+        x = self.embed(tokens[:, : self.readout.query_end(tokens.shape[1])])  # (B, q, h)
+        for block in self.blocks[:-1]:
+            y = block(x)
+            x = x + y if self.residual else y
+        y = self.blocks[-1].forward_last(x)  # (B, h)
+        return self.readout.channels(self.head(x[:, -1] + y if self.residual else y))  # (B, d_y)
+
     def forward_chunk(self, tokens: torch.Tensor, state: tuple[torch.Tensor, ...] | None):
         self._require_recurrent()
         x, new_state, i = self.embed(tokens), [], 0

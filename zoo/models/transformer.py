@@ -45,6 +45,19 @@ class TransformerBlock(nn.Module):
         x = x + self.proj(attended)
         return x + self.mlp(x) if self.mlp is not None else x
 
+    def forward_last(self, x: torch.Tensor) -> torch.Tensor:
+        """The block's output at the last position only (B, w), which attends to every position:
+        keys and values for all T tokens, the query, projection and MLP for one. Equals
+        `forward(x, causal)[:, -1]` with or without the mask (the last row of the mask is all open)."""
+        B, T, w = x.shape
+        d = w // self.heads
+        h = self.ln_attn(x)  # (B, T, w)
+        k, v = F.linear(h, self.qkv.weight[w:], self.qkv.bias[w:]).view(B, T, 2, self.heads, d).permute(2, 0, 3, 1, 4)  # (B, H, T, d)
+        q = F.linear(h[:, -1], self.qkv.weight[:w], self.qkv.bias[:w]).view(B, self.heads, 1, d)  # (B, H, 1, d)
+        weights = F.softmax(q @ k.transpose(-1, -2) / math.sqrt(d), dim=-1)  # (B, H, 1, T)
+        x = x[:, -1] + self.proj((weights @ v).reshape(B, w))  # (B, w)
+        return x + self.mlp(x) if self.mlp is not None else x
+
 
 class SoftmaxTransformer(ZooModel):
     recurrent = False
@@ -67,6 +80,25 @@ class SoftmaxTransformer(ZooModel):
         for block in self.blocks:
             x = block(x, self.causal)
         return self.head(self.ln_out(x))
+
+    def predict(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The read-out. With one query position, the last block runs its query, projection and MLP
+        at that position only (nothing else of it is read; at the zoo's prompt lengths they are
+        most of a layer's FLOPs). Unmasked, the query sees the whole prompt; masked, the tokens
+        after it cannot matter and are dropped."""
+        if self.readout.position is None:
+            return super().predict(tokens)
+        T = tokens.shape[1]
+        if self.causal:
+            tokens = tokens[:, : self.readout.query_end(T)]
+        query = self.readout.position % tokens.shape[1]  # causal: the last of the tokens kept
+        x = self.embed(tokens) + self.positions[: tokens.shape[1]]  # (B, T', w)
+        for block in self.blocks[:-1]:
+            x = block(x, self.causal)
+        if query != x.shape[1] - 1:  # unmasked, a query before the end: move it last (attention ignores order)
+            x = torch.cat([x[:, :query], x[:, query + 1 :], x[:, query : query + 1]], dim=1)
+        last = self.blocks[-1].forward_last(x)  # (B, w)
+        return self.readout.channels(self.head(self.ln_out(last)))  # (B, d_y)
 
 
 # ---------------------------------------------------------------------------- the family
