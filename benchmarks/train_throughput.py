@@ -7,10 +7,11 @@
 Each family is measured on one trained registry entry (the first of its arch type, or
 --entries), at that entry's batch and sequence length, in one run:
 
-    plain      `zoo.train.train` on one model whose prediction is read from its full forward pass
-               (`readout(model(tokens))`), without the read-out shortcuts some families' `predict`
-               takes: the baseline every ratio is against
-    eager      the same with the family's `predict`
+    plain      `zoo.train.train` on one model in the forms the zoo trained with before its
+               speed-ups: the prediction read from the full forward pass (`readout(model(tokens))`,
+               none of the read-out shortcuts some families' `predict` takes) and every scan in
+               the doubling form (`scan(parallel=True)`); the baseline every ratio is against
+    eager      the same with the family's `predict` and `scan`'s choice of form
     compiled   the same with compiled=True (torch.compile of forward + backward and of the
                clipped AdamW update; `zoo release build` trains this way)
     ens E      `zoo.ensemble.train_ensemble` with E members, per-member data streams (vmap)
@@ -30,6 +31,7 @@ floor" says how close a configuration gets. Families whose fused kernels have no
 from __future__ import annotations
 
 import argparse
+import contextlib
 import tempfile
 import time
 
@@ -39,6 +41,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import zoo
 from zoo.ensemble import train_ensemble
 from zoo.models import create_model
+from zoo.models import scan as scan_module
 from zoo.registry import get_entry, get_task_spec
 from zoo.train import train
 
@@ -87,6 +90,17 @@ def flops_per_model_step(model, task, batch: int, device) -> float:
     return total
 
 
+@contextlib.contextmanager
+def doubling_scans():
+    """Every `scan` in the doubling form while inside (what it ran before it chose by length and width)."""
+    short, wide = scan_module.SHORT_SCAN_LEN, scan_module.WIDE_SCAN_CHANNELS
+    scan_module.SHORT_SCAN_LEN, scan_module.WIDE_SCAN_CHANNELS = 0, float("inf")
+    try:
+        yield
+    finally:
+        scan_module.SHORT_SCAN_LEN, scan_module.WIDE_SCAN_CHANNELS = short, wide
+
+
 def family_entries(families: list[str] | None) -> dict[str, str]:
     """arch type → the first trained registry entry of that type."""
     chosen: dict[str, str] = {}
@@ -131,8 +145,9 @@ def bench_entry(label: str, entry_name: str, args, device, peak_flops: float, pe
         model = make()
         if plain:  # an instance attribute shadows the family's predict
             model.predict = lambda tokens: model.readout(model(tokens))
-        result = train(model, task, recipe, run_dir=f"{tmp}/solo-{compiled}-{plain}", steps=args.steps, device=device,
-                       progress=False, compiled=compiled)
+        with doubling_scans() if plain else contextlib.nullcontext():
+            result = train(model, task, recipe, run_dir=f"{tmp}/solo-{compiled}-{plain}", steps=args.steps,
+                           device=device, progress=False, compiled=compiled)
         return result.steps_per_second
 
     base = solo(False, plain=True)
