@@ -98,6 +98,15 @@ def test_bidirectional_lstm_sees_the_future_and_has_no_state():
         model.init_state(2)
 
 
+@pytest.mark.parametrize("window", [3, 16])
+def test_local_attention_at_the_last_position_equals_its_full_pass(window):
+    """Griffin's local attention read at the last token only (its query against the last W keys),
+    with the window shorter and longer than the prompt, equals the full pass read there."""
+    model = stack({"type": "griffin", "window": window}, n_layers=2)  # recurrent block, then local attention
+    tokens = TASK.sample(4, seed=5, dtype=torch.float64).tokens
+    torch.testing.assert_close(model.predict(tokens), model.readout(model(tokens)), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("n_layers", [1, 3])
 def test_bidirectional_lstm_reads_its_last_position_with_one_backward_step(n_layers):
     """At the last position the backward direction has seen one token: `predict` runs it as one

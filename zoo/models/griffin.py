@@ -104,6 +104,12 @@ class LocalAttentionBlock(RecurrentBlock):
         out = self.w_o(torch.softmax(scores, dim=-1) @ values)
         return out, (new_keys, new_values, new_filled)
 
+    def forward_last(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, width) at the last position: its query against the keys and values of the last W tokens."""
+        q, k, v = self.qkv(x[:, -self.window :]).chunk(3, dim=-1)  # (B, min(W, T), d)
+        scores = (k @ q[:, -1].unsqueeze(-1)).squeeze(-1) / math.sqrt(self.head_dim)  # (B, min(W, T))
+        return self.w_o((torch.softmax(scores, dim=-1).unsqueeze(1) @ v).squeeze(1))
+
     def state_shapes(self):
         w, d = self.window - 1, self.head_dim
         return [("keys", (w, d)), ("values", (w, d)), ("filled", (w,))]
