@@ -47,11 +47,14 @@ class SequenceStack(ZooModel):
         self.compile_pays = all(getattr(block, "compile_pays", True) for block in blocks)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embed(tokens)  # (B, T, h)
-        for block in self.blocks:
+        return self.head(self._through(self.blocks, self.embed(tokens)))  # (B, T, d_out)
+
+    def _through(self, blocks, x: torch.Tensor) -> torch.Tensor:
+        """x (B, T, h) through `blocks`, with the residual connections when the stack has them."""
+        for block in blocks:
             y = block(x)
             x = x + y if self.residual else y
-        return self.head(x)  # (B, T, d_out)
+        return x
 
     def predict(self, tokens: torch.Tensor) -> torch.Tensor:
         """The read-out. With one query position, the last block and the head run for that position
@@ -61,10 +64,7 @@ class SequenceStack(ZooModel):
         position = self.readout.position
         if position is None or (not self.recurrent and position != -1):
             return super().predict(tokens)
-        x = self.embed(tokens[:, : self.readout.query_end(tokens.shape[1])])  # (B, q, h)
-        for block in self.blocks[:-1]:
-            y = block(x)
-            x = x + y if self.residual else y
+        x = self._through(self.blocks[:-1], self.embed(tokens[:, : self.readout.query_end(tokens.shape[1])]))  # (B, q, h)
         y = self.blocks[-1].forward_last(x)  # (B, h)
         return self.readout.channels(self.head(x[:, -1] + y if self.residual else y))  # (B, d_y)
 

@@ -72,11 +72,15 @@ class SoftmaxTransformer(ZooModel):
         self.ln_out = nn.LayerNorm(width)
         self.head = nn.Linear(width, d_out)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def embed_positions(self, tokens: torch.Tensor) -> torch.Tensor:
+        """x_0 = E s + P (B, T, w)."""
         T = tokens.shape[1]
         if T > self.positions.shape[0]:
             raise ValueError(f"sequence of {T} tokens is longer than max_len = {self.positions.shape[0]}")
-        x = self.embed(tokens) + self.positions[:T]
+        return self.embed(tokens) + self.positions[:T]
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed_positions(tokens)
         for block in self.blocks:
             x = block(x, self.causal)
         return self.head(self.ln_out(x))
@@ -92,7 +96,7 @@ class SoftmaxTransformer(ZooModel):
         if self.causal:
             tokens = tokens[:, : self.readout.query_end(T)]
         query = self.readout.position % tokens.shape[1]  # causal: the last of the tokens kept
-        x = self.embed(tokens) + self.positions[: tokens.shape[1]]  # (B, T', w)
+        x = self.embed_positions(tokens)  # (B, T', w)
         for block in self.blocks[:-1]:
             x = block(x, self.causal)
         if query != x.shape[1] - 1:  # unmasked, a query before the end: move it last (attention ignores order)
