@@ -105,7 +105,7 @@ def test_rebuild_keeps_a_tampered_copy():
 
 @pytest.mark.parametrize("bad", ["../../../../tmp/x", "x/../../y", "/etc", "A B", "..", "zucchet-icl/../x"])
 def test_task_names_never_become_paths_unchecked(bad, tmp_path):
-    from zoo.tasks.frozen import safe_name
+    from zoo.names import safe_name
 
     with pytest.raises(ValueError, match="not a safe name"):
         safe_name(bad)

@@ -15,7 +15,8 @@ import re
 from collections.abc import Callable, Collection
 from pathlib import Path
 
-from zoo.manifest import CheckpointError, contained_file, safe_name, sha256_file
+from zoo.manifest import CheckpointError, contained_file, sha256_file
+from zoo.names import safe_name
 from zoo.version import __version__
 
 VERSION = f"v{__version__}"  # the git tag of every released repo on a hub

@@ -16,8 +16,6 @@ import json
 import struct
 from pathlib import Path
 
-from zoo.names import safe_name  # noqa: F401  (re-exported)
-
 FORMAT = "icl-zoo-checkpoint/1"
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"

@@ -16,6 +16,7 @@ from typing import Annotated, Literal, Union, get_args
 from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from zoo.models import CONSTRUCTIONS, FAMILIES, construction_problem as family_construction_problem
+from zoo.names import safe_name
 from zoo.schema import Strict
 
 ENTRIES_DIR = Path(__file__).parent / "entries"
@@ -185,8 +186,6 @@ class Entry(Strict):
     @field_validator("task")
     @classmethod
     def _task_is_a_safe_name(cls, v: str) -> str:
-        from zoo.tasks.frozen import safe_name
-
         return safe_name(v)  # it names a cache folder: a config.json from a Hub must not escape it
 
 
@@ -349,7 +348,6 @@ def task_variant(base: str, overrides: dict[str, object]) -> str:
         return base
     registry = default_registry()
     name = base + "".join(f"--{k}={v}" for k, v in overrides.items())
-    from zoo.tasks.frozen import safe_name
 
     try:
         safe_name(name, "task variant")

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from zoo.names import SAFE_NAME, safe_name  # noqa: F401  (re-exported: task names are path components)
+from zoo.names import safe_name
 from zoo.tasks.regression import LinearRegressionTask, TaskBatch
 
 HASH_DOMAIN = b"icl-zoo/frozen/v1"
