@@ -133,8 +133,11 @@ def test_softmax_transformer_mask(causal):
     first_changed = (model(t2)[:, 0] - model(tokens)[:, 0]).abs().max() > 1e-9
     assert first_changed == (not causal)
     assert not model.recurrent
+    too_long = torch.zeros(1, 300, TASK.token_dim, dtype=torch.float64)
     with pytest.raises(ValueError, match="max_len"):
-        model(torch.zeros(1, 300, TASK.token_dim, dtype=torch.float64))
+        model(too_long)
+    with pytest.raises(ValueError, match="max_len"):  # the query-only read-out checks the same bound
+        model.predict(too_long)
 
 
 @pytest.mark.parametrize("causal", [False, True])
