@@ -202,3 +202,55 @@ def test_compiled_update_traces_the_optimiser_under_an_lr_scheduler():
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
     assert all((p != b).all() for p, b in zip(model.parameters(), before))
     assert float(opt.param_groups[0]["lr"]) == pytest.approx(0.5 * 3e-3)
+
+
+class DenormalProbeTask(LinearRegressionTask):
+    """The same task; each batch request records what 1e-40 · 1 evaluates to on the training thread."""
+
+    seen: list[float] = []
+
+    def sample(self, *args, **kwargs):
+        DenormalProbeTask.seen.append((torch.tensor(1e-40) * 1.0).item())
+        return super().sample(*args, **kwargs)
+
+
+def test_cpu_training_flushes_denormals_and_restores_the_default(tmp_path):
+    """A denormal float is 10-100× slower to compute with on x86; the loop runs with them flushed to
+    zero and leaves the process as it found it (torch's default: kept)."""
+    DenormalProbeTask.seen = []
+    task = DenormalProbeTask(d_x=TASK.d_x, d_y=TASK.d_y, n_context=TASK.n_context)
+    train(fresh_model(), task, recipe(steps=5), run_dir=tmp_path, device="cpu", progress=False)
+    assert DenormalProbeTask.seen and set(DenormalProbeTask.seen[1:]) == {0.0}  # [0]: the validation batch
+    assert (torch.tensor(1e-40) * 1.0).item() != 0.0
+
+
+def test_flushing_denormals_leaves_training_unchanged(tmp_path, monkeypatch):
+    """From weights with denormal entries (what Adam with an L2 decay leaves behind), a run with them
+    flushed gives the losses and the function of a run without: they are ~1e-40 beside O(1) values.
+    Weights the loss never reaches are moved by the L2 term alone, by ~lr per step around zero; where
+    one run lands on a denormal the other lands on zero, so those differ by O(lr) and nothing reads them."""
+    import contextlib
+
+    import zoo.train
+
+    def denormal_model():
+        model = fresh_model()
+        with torch.no_grad():
+            for p in model.parameters():
+                p[p.abs() < 0.05] = 1e-40  # ~40% of the entries (init std 0.1)
+        return model
+
+    runs = []
+    for flush in (True, False):
+        if not flush:
+            monkeypatch.setattr(zoo.train, "denormals_flushed", lambda device: contextlib.nullcontext())
+        model = denormal_model()
+        result = train(model, TASK, recipe(optimizer="adam_l2", weight_decay=1e-2), run_dir=tmp_path / str(flush),
+                       device="cpu", progress=False)
+        runs.append((model, torch.tensor([r["train_loss"] for r in result.history], dtype=torch.float64)))
+    torch.testing.assert_close(runs[0][1], runs[1][1], rtol=1e-6, atol=0)
+    probe = TASK.sample(512, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        flushed, kept = (model.predict_query(probe.tokens) for model, _ in runs)
+    torch.testing.assert_close(flushed, kept, rtol=1e-5, atol=1e-9)
+    assert flushed.abs().mean() > 1e-3  # a function, not zero against zero (40 steps from init std 0.1)
