@@ -19,6 +19,7 @@ from zoo import hub, release
 from zoo.checkpoint import read_checkpoint
 from zoo.evaluate import rescore
 from zoo.expected import check
+from zoo.models import FAMILY_OF_TYPE
 from zoo.registry import RegistryError, default_registry
 from zoo.tasks.frozen import load_split_from_hub
 
@@ -40,6 +41,16 @@ def test_every_registry_entry_is_released_and_current():
     assert INDEX["version"] == release.VERSION
     stale = [n for n, row in INDEX["entries"].items() if row["fingerprint"] != release.entry_fingerprint(n)]
     assert not stale, f"built from an older recipe/arch/task: {stale}; rebuild with `zoo release build`"
+    for name, row in INDEX["entries"].items():  # the arch type, and the family module that builds it
+        arch_type = registry[name].arch.type
+        assert (row["arch"], row["family"]) == (arch_type, FAMILY_OF_TYPE[arch_type].name), name
+        # the verdicts are those of the registry's current paper values and tolerances
+        metrics = json.loads((release.release_dir() / name / "eval_results.json").read_text())
+        assert row["checks"] == [c.as_dict() for c in check(registry[name], metrics)], f"{name}: run `zoo release refresh`"
+        card = (release.release_dir() / name / "README.md").read_text()  # and the card says the same
+        for c in row["checks"]:
+            verdict = "meets" if c["meets"] else "falls short"
+            assert f"({c['tolerance']}) → measured" in card and f"**{verdict}** ({c['off_by']})" in card, (name, c)
     assert (release.release_dir() / release.INDEX_MD).read_text() == release.index_markdown(INDEX), \
         "INDEX.md is not what index.json generates: run `zoo release refresh`"
 

@@ -216,12 +216,22 @@ class DenormalProbeTask(LinearRegressionTask):
 
 def test_cpu_training_flushes_denormals_and_restores_the_default(tmp_path):
     """A denormal float is 10-100× slower to compute with on x86; the loop runs with them flushed to
-    zero and leaves the process as it found it (torch's default: kept)."""
+    zero and leaves the thread as it found it (here torch's default: kept)."""
     DenormalProbeTask.seen = []
     task = DenormalProbeTask(d_x=TASK.d_x, d_y=TASK.d_y, n_context=TASK.n_context)
     train(fresh_model(), task, recipe(steps=5), run_dir=tmp_path, device="cpu", progress=False)
-    assert DenormalProbeTask.seen and set(DenormalProbeTask.seen[1:]) == {0.0}  # [0]: the validation batch
+    assert len(DenormalProbeTask.seen) == 5 and set(DenormalProbeTask.seen) == {0.0}  # one batch per step
     assert (torch.tensor(1e-40) * 1.0).item() != 0.0
+
+
+def test_a_flush_set_before_training_stays_set(tmp_path):
+    """The training commands flush for the whole process; the loop leaves that setting as it found it."""
+    torch.set_flush_denormal(True)
+    try:
+        train(fresh_model(), TASK, recipe(steps=5), run_dir=tmp_path, device="cpu", progress=False)
+        assert (torch.tensor(1e-40) * 1.0).item() == 0.0
+    finally:
+        torch.set_flush_denormal(False)
 
 
 def test_flushing_denormals_leaves_training_unchanged(tmp_path, monkeypatch):

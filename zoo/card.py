@@ -130,7 +130,6 @@ def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
                                + (f" with {', '.join(f'`{f}`' for f in src.freeze)} frozen" if src.freeze else ""))
     a = entry.arch
     arch_summary = f"`{a.type}` — " + ", ".join(f"{k}={v}" for k, v in a.model_dump().items() if k != "type")
-    expected = entry.expected.get("test_loss")
     from zoo.expected import check
     from zoo.registry import default_registry
 
@@ -138,6 +137,8 @@ def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
     registered = default_registry().entries.get(entry.name)
     definition = lambda e: (e.arch, e.source, e.task)  # noqa: E731
     released = registered is not None and definition(registered) == definition(entry)
+    current = registered if released else entry  # documentation and paper values: the registry's current words
+    expected = current.expected.get("test_loss")
     load_name = repo_id or (entry.name if released else folder.name)
     listed = _listed_files(folder)
     card = ModelCard.from_template(
@@ -156,14 +157,14 @@ def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
         repo_id=repo_id or f"icl-zoo/{entry.name}",
         load_name=load_name,
         marker=CARD_MARKER,
-        checks=check(entry, m),
+        checks=check(current, m),
         run_line=run_line(ckpt),
         paper_links=paper_links(entry),
         repo_url=REPO_URL,
         streaming="model_step.onnx" in listed,
         chunk_graph="model_chunk.onnx" in listed,
-        deviation=(registered if released else entry).deviation,  # documentation: the registry's current words
-        paper_recipe=(registered if released else entry).paper_recipe,
+        deviation=current.deviation,
+        paper_recipe=current.paper_recipe,
     )
     card.save(folder / "README.md")
     return folder / "README.md"

@@ -311,6 +311,7 @@ def cmd_release(args) -> int:
 
     root = Path(args.root) if args.root else release.release_dir()
     if args.release_command == "build":
+        _training_process()
         started = __import__("time").perf_counter()
         index = release.build_release(root, only=args.only, time_budget=args.time_budget, device=args.device,
                                       workers=args.workers, threads=args.threads, force=args.force,
@@ -357,6 +358,7 @@ def _parse_value(text: str):
 
 
 def cmd_sweep(args) -> int:
+    _training_process()
     from zoo.sweep import load_spec, markdown_table, run_sweep
 
     spec = load_spec(args.spec)

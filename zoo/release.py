@@ -123,8 +123,9 @@ def build_entry(name: str, root: Path, *, time_budget: float | None, device: str
     import torch
 
     from zoo.builder import build, build_ensemble
-    from zoo.train import default_device
+    from zoo.train import default_device, flush_denormals_in_this_process
 
+    flush_denormals_in_this_process()  # a worker process: before its first op starts torch's threads
     if threads:
         torch.set_num_threads(threads)
     device = device or str(default_device())
@@ -179,6 +180,8 @@ def _swap_in(root: Path, name: str, staged: Path) -> None:
 
 
 def index_row(name: str, folder: Path, *, build_seconds: float | None = None, steps_per_second: float | None = None) -> dict:
+    from zoo.models import FAMILY_OF_TYPE
+
     entry = get_entry(name)
     config = json.loads((folder / CONFIG).read_text())
     metrics = json.loads((folder / "eval_results.json").read_text())
@@ -186,7 +189,8 @@ def index_row(name: str, folder: Path, *, build_seconds: float | None = None, st
     checks = check(entry, metrics)
     row = {
         "entry": name,
-        "family": entry.arch.type,
+        "arch": entry.arch.type,
+        "family": FAMILY_OF_TYPE[entry.arch.type].name,  # the Family (zoo/models/) that builds that arch type
         "paper": entry.paper,
         "paper_file": Path(entry.file).stem,
         "source": entry.source.kind,
@@ -361,7 +365,7 @@ def index_markdown(index: dict) -> str:
         "A commit marked *stale* was built from an entry or task definition that has since changed: "
         "`zoo release build` rebuilds it.",
         "",
-        "| entry | family | paper | source | steps run / recipe | device | test loss | GD ref (k steps) | paper value (tolerance) → measured | verdict | note | commit |",
+        "| entry | arch (family) | paper | source | steps run / recipe | device | test loss | GD ref (k steps) | paper value (tolerance) → measured | verdict | note | commit |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in sorted(rows, key=lambda r: (r["paper_file"], r["entry"])):
@@ -373,7 +377,7 @@ def index_markdown(index: dict) -> str:
         commit = r["commit"] or "unknown"
         commit = commit[:10] + ("-dirty" if commit.endswith("-dirty") else "") + ("" if current.get(r["entry"], True) else " *stale*")
         gd = f"{_fmt(r['gd_loss'])} ({r['gd_steps']})" if r.get("gd_loss") is not None else "—"
-        lines.append(f"| [{r['entry']}]({r['entry']}/README.md) | `{r['family']}` | {r['paper']} | {r['source']} | {steps} | "
+        lines.append(f"| [{r['entry']}]({r['entry']}/README.md) | `{r.get('arch', r['family'])}` ({r['family']}) | {r['paper']} | {r['source']} | {steps} | "
                      f"{device} | {_fmt(r['test_loss'])} | {gd} | {checks} | **{r['verdict']}** | {r['note']} | `{commit}` |")
     if missing:
         lines += ["", "Not yet released: " + ", ".join(f"`{m}`" for m in missing)]

@@ -276,15 +276,30 @@ def optimizer_update(opt, clip=None, *, compiled: bool = False):
 
 
 # ---------------------------------------------------------------- the loop
+def denormals_are_flushed() -> bool:
+    """Does this thread flush denormal floats to zero (torch.set_flush_denormal)?"""
+    return torch.tensor(1e-40).item() == 0.0  # float32 cannot hold 1e-40 but as a denormal
+
+
+def flush_denormals_in_this_process() -> None:
+    """Flush denormals on this thread before torch starts its intra-op threads, which then inherit
+    the flag (see `denormals_flushed`): the training commands call it first thing."""
+    torch.set_flush_denormal(True)
+
+
 @contextmanager
 def denormals_flushed(device: torch.device):
     """On a CPU, run the block with denormal floats (0 < |x| < 1.2e-38 in float32) flushed to zero.
     x86 computes on them in microcode, 10-100× slower than on normal floats, and training makes them:
-    Adam with an L2 decay leaves the weights its loss no longer reaches at denormal sizes
-    (`gated-rnn-zucchet-icl` ends with 78% of `w_m_out` there, and its step runs 8× slower). A value
-    that small changes no loss beyond rounding. The flag is per thread: this thread's, and that of the
-    intra-op threads started after it (a new thread inherits it); torch's default (off) is restored."""
-    flushed = device.type == "cpu" and torch.set_flush_denormal(True)
+    Adam with an L2 decay leaves the weights its loss no longer reaches at denormal sizes (the
+    58,400-step `gated-rnn-zucchet-icl` had 78% of `w_m_out` there; benchmarks/denormals.py measures
+    what that costs). A value that small changes no loss beyond rounding. The flag (x86's MXCSR) is
+    per thread: it is set here on this thread, and a thread started later inherits it, but torch's
+    intra-op threads keep what they had when they started. So with more than one thread the training
+    commands set it before those exist (`flush_denormals_in_this_process`); a library caller gets it on
+    this thread. The thread's previous setting is restored after."""
+    previous = denormals_are_flushed()
+    flushed = device.type == "cpu" and not previous and torch.set_flush_denormal(True)
     try:
         yield
     finally:
