@@ -15,3 +15,11 @@ def _isolated_cache(tmp_path_factory):
 @pytest.fixture
 def rng():
     return torch.Generator().manual_seed(1234)
+
+
+@pytest.fixture(autouse=True)
+def _denormals_kept_between_tests():
+    """`zoo build`, `zoo sweep` and `zoo release build` flush denormals for their whole process
+    (zoo/train.py); tests run those commands in this one, so each test starts from torch's default."""
+    yield
+    torch.set_flush_denormal(False)

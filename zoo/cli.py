@@ -44,7 +44,15 @@ def cmd_show(args) -> int:
 
 
 # ---------------------------------------------------------------- build / eval
+def _training_process() -> None:
+    """A command that trains flushes denormals before torch starts its threads (zoo/train.py)."""
+    from zoo.train import flush_denormals_in_this_process
+
+    flush_denormals_in_this_process()
+
+
 def cmd_build(args) -> int:
+    _training_process()
     import zoo
 
     out = Path(args.out or Path("checkpoints") / args.name)
