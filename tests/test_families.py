@@ -165,6 +165,23 @@ def test_variant_only_for_lru():
         RecurrentStackArch(type="gru", variant="in_out")
 
 
+@pytest.mark.parametrize("spec", [{"type": "lru", "variant": "in_out"}, {"type": "lstm"}])
+def test_residual_is_the_types_default_unless_stated(spec):
+    """x_l = x_{l-1} + block_l(x_{l-1}) or x_l = block_l(x_{l-1}): checked on the computed output, so
+    an LRU checkpoint saved before `residual` existed (no field: the residual) loads as it was built."""
+    default = stack(spec)
+    assert default.residual == (spec["type"] == "lru")
+    for residual in (True, False):
+        model = stack({**spec, "residual": residual})
+        model.load_state_dict(default.state_dict())
+        tokens = torch.randn(3, 10, TASK.token_dim, dtype=torch.float64)
+        x = model.embed(tokens)
+        for block in model.blocks:
+            y = block(x)
+            x = x + y if residual else y
+        torch.testing.assert_close(model(tokens), model.head(x), rtol=1e-12, atol=1e-12)
+
+
 def test_lru_ring_init_radius():
     torch.manual_seed(8)
     block = LRUBlock(width=4, hidden=2000, r_min=0.5, r_max=0.9)

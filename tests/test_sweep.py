@@ -1,6 +1,7 @@
 """Sweeps (local and Ray backends), entry overrides, and the comparison report."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,15 @@ entries = ["gated-rnn-zucchet-icl", "lsa-gd-zucchet-icl"]
 seeds = [0, 1]
 steps = 3
 """
+
+
+@pytest.mark.parametrize("spec_file", sorted((Path(__file__).parents[1] / "sweeps").glob("*.toml")), ids=lambda p: p.stem)
+def test_every_shipped_sweep_expands_into_valid_runs(spec_file):
+    """What the reports and scripts/gpu_paper_length_runs.sh run: every entry exists and every grid
+    point validates (expand builds each run's entry with its overrides)."""
+    spec = load_spec(spec_file)
+    runs = expand(spec)
+    assert runs and {r.entry for r in runs} == set(spec.entries)
 
 
 def test_overrides_are_validated_with_the_field_named():

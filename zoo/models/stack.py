@@ -158,6 +158,7 @@ class RecurrentStackArch(Strict):
     width: int = Field(64, gt=0)  # embedding width w
     n_layers: int = Field(1, ge=1)  # blocks (Griffin alternates recurrent and local attention)
     hidden: int | None = Field(None, gt=0)  # LRU/S5 complex neurons n (default: width)
+    residual: bool | None = None  # x_l = x_{l-1} + block_l(x_{l-1}); None: the type's default (RESIDUAL_FREE)
     variant: Literal["out", "in_out", "in_skip"] = "out"  # LRU gating (Zucchet A.1): LRU Out / In+Out / In+Skip
     r_range: tuple[float, float] = (0.0, 1.0)  # LRU initial |λ| range
     state_size: int = Field(16, gt=0)  # Mamba N
@@ -182,12 +183,16 @@ BLOCKS = {  # arch type → block of layer i
     "mamba": lambda a, i: MambaBlock(a.width, a.state_size, a.expand),
     "griffin": lambda a, i: LocalAttentionBlock(a.width, a.window) if i % 2 else GriffinRecurrentBlock(a.width, a.expand),
 }
-RESIDUAL_FREE = ("lstm", "gru", "bilstm")  # classic RNN stacks as Zucchet et al. compare them: no residual
+# Types without a residual by default: the classic RNN stacks as Zucchet et al. compare them. Zucchet's
+# LRUs have none either (section 5: "we do not include any of those [skip connections]"); their entries
+# say `residual = false`, as the default for "lru" stays the residual that older checkpoints were built with.
+RESIDUAL_FREE = ("lstm", "gru", "bilstm")
 
 
 def build(arch: RecurrentStackArch, task) -> SequenceStack:
     blocks = [BLOCKS[arch.type](arch, i) for i in range(arch.n_layers)]
-    return SequenceStack(task.token_dim, task.d_out, task.readout, blocks, arch.width, residual=arch.type not in RESIDUAL_FREE)
+    residual = arch.type not in RESIDUAL_FREE if arch.residual is None else arch.residual
+    return SequenceStack(task.token_dim, task.d_out, task.readout, blocks, arch.width, residual=residual)
 
 
 def _lstm_from_lsa_problem(arch: RecurrentStackArch, task, source) -> str | None:
@@ -195,8 +200,8 @@ def _lstm_from_lsa_problem(arch: RecurrentStackArch, task, source) -> str | None
     if problem:
         return problem
     d = lsa_width(task)
-    if arch.type != "lstm" or arch.n_layers != 1 or arch.width != lstm_width(d):
-        return f"'lstm_from_lsa' needs one 'lstm' layer of width 4d² = {lstm_width(d)}"
+    if arch.type != "lstm" or arch.n_layers != 1 or arch.width != lstm_width(d) or arch.residual:
+        return f"'lstm_from_lsa' needs one 'lstm' layer of width 4d² = {lstm_width(d)} without residual"
     return None
 
 
