@@ -3,7 +3,8 @@
     x_0 = E s_t ;  x_l = x_{l−1} + block_l(x_{l−1})  (residual; or x_l = block_l(x_{l−1}))
     out_t = W_out x_L
 
-No normalisation layers (Zucchet et al. A.1 compare LRUs, LSTMs and GRUs "without norms").
+No normalisation layers: Zucchet et al. (section 3.3) compare LRUs, LSTMs and GRUs without "layer
+normalization, dropout, or skip connections" (their entries turn the residual off).
 A block implements `forward_chunk(x (B, T, h), state | None) -> (y, state after the last step)`
 (`forward` is it from the zero state), `state_shapes()` → [(name, shape without batch)] and
 `step(x (B, h), state) -> (y, new_state)`; the stack names the state `<layer>.<name>` and the
@@ -184,7 +185,7 @@ BLOCKS = {  # arch type → block of layer i
     "griffin": lambda a, i: LocalAttentionBlock(a.width, a.window) if i % 2 else GriffinRecurrentBlock(a.width, a.expand),
 }
 # Types without a residual by default: the classic RNN stacks as Zucchet et al. compare them. Zucchet's
-# LRUs have none either (section 5: "we do not include any of those [skip connections]"); their entries
+# LRUs have none either (section 3.3: "we do not include any of those" skip connections); their entries
 # say `residual = false`, as the default for "lru" stays the residual that older checkpoints were built with.
 RESIDUAL_FREE = ("lstm", "gru", "bilstm")
 
