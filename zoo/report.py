@@ -399,21 +399,39 @@ def _figure(rows: list[dict], tasks: list[str], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(len(tasks), 2, figsize=(12, 0.45 * max(len(rows), 4) + 1.5 * len(tasks)), squeeze=False)
-    for (ax_loss, ax_cos), task in zip(axes, tasks):
+    for (ax_loss, ax_right), task in zip(axes, tasks):
         group = sorted((r for r in rows if r["task"] == task), key=lambda r: r.get("test_loss", float("inf")))
         names = [r["model"] for r in group]
-        ax_loss.barh(names, [r.get("test_loss", float("nan")) for r in group], color="tab:blue")
+        losses = [r.get("test_loss", float("nan")) for r in group]
+        positive = [v for v in losses if v > 0]
+        # a task without a GD reference (a teacher to mimic) spans decades: only a log axis shows them all
+        log = "gd_loss" not in group[0] or (positive and max(positive) >= 100 * min(positive))
+        ax_loss.barh(names, losses, color="tab:blue")
         for key, color, label in (("gd_loss", "tab:green", "GD"), ("lstsq_loss", "tab:red", "least squares")):
             if key in group[0]:
                 ax_loss.axvline(group[0][key], color=color, ls="--", label=label)
-        ax_loss.set_xlim(0, 1.15 * max(max(r.get("test_loss", 0.0) for r in group), group[0].get("gd_loss", 0.0)))
+        if log and positive:
+            ax_loss.set_xscale("log")
+        else:
+            ax_loss.set_xlim(0, 1.15 * max(max(r.get("test_loss", 0.0) for r in group), group[0].get("gd_loss", 0.0)))
         ax_loss.set_title(f"{task}: test loss (½·MSE)")
-        ax_loss.legend(fontsize=8)
-        ax_cos.barh(names, [r.get("sensitivity_cosine", float("nan")) for r in group], color="tab:orange")
-        ax_cos.axvline(1.0, color="tab:green", ls="--")
-        ax_cos.set_xlim(min(0.0, *(r.get("sensitivity_cosine", 0.0) for r in group)), 1.05)
-        ax_cos.set_title("sensitivity cosine to GD")
-        ax_cos.set_yticklabels([])
+        if ax_loss.get_legend_handles_labels()[0]:
+            ax_loss.legend(fontsize=8)
+        if any("sensitivity_cosine" in r for r in group):
+            ax_right.barh(names, [r.get("sensitivity_cosine", float("nan")) for r in group], color="tab:orange")
+            ax_right.axvline(1.0, color="tab:green", ls="--")
+            ax_right.set_xlim(min(0.0, *(r.get("sensitivity_cosine", 0.0) for r in group)), 1.05)
+            ax_right.set_title("sensitivity cosine to GD")
+            ax_right.set_yticklabels([])
+        else:  # no GD to align with: loss against size, as Zucchet et al.'s Figure 5 plots it
+            for r in group:
+                if r.get("test_loss", 0) > 0 and r.get("parameters"):
+                    ax_right.scatter(r["parameters"], r["test_loss"])
+                    ax_right.annotate(r["model"], (r["parameters"], r["test_loss"]), fontsize=7,
+                                      xytext=(4, 2), textcoords="offset points")
+            ax_right.set_yscale("log")
+            ax_right.set_xlabel("parameters")
+            ax_right.set_title(f"{task}: test loss against parameters")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
