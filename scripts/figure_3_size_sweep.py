@@ -67,7 +67,12 @@ def main() -> None:
             ax.scatter([hidden] * len(per_seed), per_seed, color="tab:blue")
         ax.plot(list(values), [statistics.fmean(v) for v in values.values()], color="tab:blue", alpha=0.5,
                 label="mean over seeds (points: seeds)")
-        ax.set_yscale("log")
+        smallest = min(abs(v) for per_seed in values.values() for v in per_seed if v != 0)
+        if any(v <= 0 for per_seed in values.values() for v in per_seed):
+            # a seed at (or, by sampling error, just below) GD's loss: linear near 0, log beyond
+            ax.set_yscale("symlog", linthresh=smallest)
+        else:
+            ax.set_yscale("log")
         ax.set_xticks(list(values))
         plots.finish(fig, ax, args.plot, xlabel="hidden neurons", ylabel=ylabel, title=title)
         print(f"wrote {args.plot}")
