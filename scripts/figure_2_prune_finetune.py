@@ -1,0 +1,156 @@
+"""Zucchet et al. Figure 2 and Table 1's KV/Q scores: prune a trained student gated RNN, fine-tune it,
+and score whether its neurons encode the teacher's key-values and queries.
+
+The paper (section 3.2) prunes only neurons whose input or output weights became exactly zero:
+"we can remove 86 out of the 100 hidden neurons and 87 out of the 100 pre-readout neurons". Step 1
+counts those at several tolerances. A student whose weights did not go to zero keeps every neuron,
+and its KV and Q scores are then blind: with (d+1)(d+2)/2 − 1 or more neurons in a group (14 for
+d = 4) any inputs regress the key-values perfectly (zoo.analysis.rnn.kv_q_scores). So step 2 prunes
+by function instead, below that blind spot: it removes, one at a time, the hidden neuron whose
+silencing raises the loss least (on a fixed batch of fresh prompts), down to `--hidden` neurons,
+then the gates the same way down to `--gates`. Step 3 fine-tunes the pruned network with the zoo's
+training loop (AdamW, cosine lr, fresh batches) and scores it on the entry's frozen test split.
+Steps 2 and 3 are the zoo's procedure, not the paper's; the defaults keep the compact
+construction's sizes (d(d+1)/2 memory + d query neurons = 14 for d = 4; d² = 16 gates).
+
+    python scripts/figure_2_prune_finetune.py [ENTRY_OR_FOLDER] --out reports/zucchet-2023/figure-2/<name>
+        [--hidden 14] [--gates 16] [--steps 20000] [--lr 1e-4] [--compile]
+
+Writes results.json (every stage's metrics and the pruning curve), pruning.png (loss against
+neurons kept) and weights.png (the fine-tuned network's matrices, hidden neurons sorted by λ: the
+paper's Figure 2.A).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+import zoo  # noqa: E402
+from zoo.analysis.plots import weight_matrices  # noqa: E402
+from zoo.analysis.rnn import active_neurons, gated_rnn_matrices, prune  # noqa: E402
+from zoo.evaluate import rescore  # noqa: E402
+from zoo.train import train  # noqa: E402
+
+TOLERANCES = (1e-6, 1e-4, 1e-3, 1e-2, 5e-2)
+KEPT = ("test_loss", "polynomial_distance", "kv_score", "q_score", "memory_neurons", "forget_neurons",
+        "imperfect_memory_effect")
+
+
+@torch.no_grad()
+def batch_loss(rnn, task, batch) -> float:
+    return float(task.loss(rnn.predict(batch.tokens), batch.targets))
+
+
+@torch.no_grad()
+def silence_hidden(rnn, index: int) -> None:
+    rnn.w_m_in[index] = 0  # no input: the neuron's state stays 0, so no gate reads anything from it
+    rnn.w_x_in[index] = 0
+
+
+@torch.no_grad()
+def silence_gate(rnn, index: int) -> None:
+    rnn.readout_matrix[:, index] = 0  # D never reads it
+
+
+def greedy_prune(rnn, task, batch, keep: int, alive: torch.Tensor, silence, what: str) -> list[dict]:
+    """Silence units of `rnn` (in place) one at a time, each time the one whose silencing raises the loss
+    on `batch` least, until `keep` of the `alive` ones are left. Returns the curve (units left, loss)."""
+    curve = [{what: int(alive.sum()), "loss": batch_loss(rnn, task, batch)}]
+    while int(alive.sum()) > keep:
+        best, best_loss = None, float("inf")
+        for i in alive.nonzero().flatten().tolist():
+            trial = copy.deepcopy(rnn)
+            silence(trial, i)
+            loss = batch_loss(trial, task, batch)
+            if loss < best_loss:
+                best, best_loss = i, loss
+        silence(rnn, best)
+        alive[best] = False
+        curve.append({what: int(alive.sum()), "loss": best_loss})
+    return curve
+
+
+def scores(ckpt, model) -> dict:
+    scored = copy.copy(ckpt)
+    scored.model = model
+    metrics = rescore(scored)
+    return {k: metrics[k] for k in KEPT if k in metrics} | {
+        "hidden": int(model.hidden), "gates": int(model.readout_matrix.shape[1])}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("checkpoint", nargs="?", default="gated-rnn-student-d4", help="entry name, hub repo or folder")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--hidden", type=int, default=None, help="hidden neurons kept (default d(d+1)/2 + d)")
+    p.add_argument("--gates", type=int, default=None, help="gates kept (default d²)")
+    p.add_argument("--steps", type=int, default=20000, help="fine-tuning steps")
+    p.add_argument("--lr", type=float, default=1e-4, help="fine-tuning peak lr (cosine to the recipe's final lr)")
+    p.add_argument("--prompts", type=int, default=1024, help="fresh prompts that rank the units")
+    p.add_argument("--compile", action="store_true", help="fine-tune through torch.compile")
+    args = p.parse_args()
+
+    ckpt = zoo.load(args.checkpoint)
+    model, task, source = ckpt.model.double(), ckpt.task, ckpt.entry.source
+    d = task.d
+    keep_hidden = args.hidden or d * (d + 1) // 2 + d
+    keep_gates = args.gates or d * d
+    args.out.mkdir(parents=True, exist_ok=True)
+    result: dict = {"checkpoint": args.checkpoint, "commit": ckpt.provenance.get("git_commit"),
+                    "trained_steps": ckpt.provenance.get("steps"), "keep_hidden": keep_hidden, "keep_gates": keep_gates,
+                    "finetune": {"steps": args.steps, "lr": args.lr, "final_lr": source.final_lr,
+                                 "weight_decay": source.weight_decay, "batch_size": source.batch_size}}
+
+    # 1. the paper's pruning: neurons whose weights are (numerically) zero
+    result["exact_pruning"] = [
+        {"tol": tol, "hidden": int(h.sum()), "gates": int(g.sum())}
+        for tol in TOLERANCES for h, g in [active_neurons(model, tol)]]
+    result["released"] = scores(ckpt, copy.deepcopy(model).float())
+    print("released:", result["released"])
+    print("kept at tolerance:", result["exact_pruning"])
+
+    # 2. pruning by function, below the KV/Q scores' blind spot
+    batch = task.sample(args.prompts, generator=torch.Generator().manual_seed(1234), dtype=torch.float64)
+    pruned = copy.deepcopy(model)
+    alive_hidden, alive_gates = active_neurons(pruned)
+    result["hidden_curve"] = greedy_prune(pruned, task, batch, keep_hidden, alive_hidden.clone(), silence_hidden, "hidden")
+    _, alive_gates = active_neurons(pruned)
+    result["gate_curve"] = greedy_prune(pruned, task, batch, keep_gates, alive_gates.clone(), silence_gate, "gates")
+    small = prune(pruned).float()
+    result["pruned"] = scores(ckpt, small)
+    print("pruned:", result["pruned"])
+
+    # 3. fine-tune the pruned network with the entry's recipe at a lower lr
+    recipe = source.model_copy(update={"lr": args.lr, "recurrent_lr": None, "steps": args.steps,
+                                       "eval_every": max(args.steps // 20, 1), "checkpoint_every": args.steps})
+    run = train(small, task, recipe, run_dir=args.out / ".finetune", device="cpu", compiled=args.compile)
+    result["finetune"]["history"] = run.history
+    result["finetuned"] = scores(ckpt, small)
+    print("fine-tuned:", result["finetuned"])
+    (args.out / "results.json").write_text(json.dumps(result, indent=1))
+
+    fig, ax = plt.subplots(figsize=(5, 3.2), dpi=120)
+    ax.semilogy([r["hidden"] for r in result["hidden_curve"]], [r["loss"] for r in result["hidden_curve"]], ".-")
+    ax.axvline(keep_hidden, color="grey", lw=0.8, ls=":")
+    ax.invert_xaxis()
+    ax.set_xlabel("hidden neurons kept (greedy, no fine-tuning)")
+    ax.set_ylabel("loss on 1,024 fresh prompts")
+    ax.set_title(f"{args.checkpoint}: pruning by function", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(args.out / "pruning.png")
+    plt.close(fig)
+    weight_matrices(gated_rnn_matrices(small), args.out / "weights.png",
+                    title=f"{args.checkpoint}, pruned to {keep_hidden} hidden / {keep_gates} gates, fine-tuned {args.steps} steps")
+
+
+if __name__ == "__main__":
+    main()
