@@ -25,8 +25,8 @@ GDSSM_LR="--set source.lr=3e-3 --set source.recurrent_lr=1.5e-3 --set source.war
 case $stage in
 launch)
   start() { name=$1; shift; setsid nohup bash -c "$(declare -f zoo); $*" >$RUNS/$name.log 2>&1 < /dev/null & }
-  start ts-nu-lr-1e-3 "zoo sweep sweeps/teacher-student-d4.toml --set source.recurrent_lr=null --out $RUNS/ts-nu-lr-1e-3 --quiet"
-  start ts           "zoo sweep sweeps/teacher-student-d4.toml --out $RUNS/ts --quiet"
+  start ts           "zoo sweep sweeps/teacher-student-d4.toml --out $RUNS/ts --quiet"   # B.1: ν at the lr
+  start ts-nu-lr-1e-2 "zoo sweep sweeps/teacher-student-d4.toml --set source.recurrent_lr=1e-2 --out $RUNS/ts-nu-lr-1e-2 --quiet"
   start table-2    "zoo sweep sweeps/table-2.toml --out $RUNS/table-2 --quiet;
                     zoo sweep sweeps/gd-ssm-feature-dim.toml --steps 100000 --seeds 0 1 2 --out $RUNS/feature-dim --quiet;
                     zoo sweep sweeps/gd-ssm-feature-dim-key.toml --steps 100000 --seeds 0 1 2 --out $RUNS/feature-dim-key --quiet;
