@@ -38,7 +38,7 @@ import torch  # noqa: E402
 
 import zoo  # noqa: E402
 from zoo.analysis.plots import weight_matrices  # noqa: E402
-from zoo.analysis.rnn import active_neurons, gated_rnn_matrices, prune  # noqa: E402
+from zoo.analysis.rnn import active_neurons, gated_rnn_matrices, prune_by_function  # noqa: E402
 from zoo.evaluate import rescore  # noqa: E402
 from zoo.train import train  # noqa: E402
 
@@ -47,38 +47,9 @@ KEPT = ("test_loss", "polynomial_distance", "kv_score", "q_score", "memory_neuro
         "imperfect_memory_effect")
 
 
-@torch.no_grad()
-def batch_loss(rnn, task, batch) -> float:
-    return float(task.loss(rnn.predict(batch.tokens), batch.targets))
-
-
-@torch.no_grad()
-def silence_hidden(rnn, index: int) -> None:
-    rnn.w_m_in[index] = 0  # no input: the neuron's state stays 0, so no gate reads anything from it
-    rnn.w_x_in[index] = 0
-
-
-@torch.no_grad()
-def silence_gate(rnn, index: int) -> None:
-    rnn.readout_matrix[:, index] = 0  # D never reads it
-
-
-def greedy_prune(rnn, task, batch, keep: int, alive: torch.Tensor, silence, what: str) -> list[dict]:
-    """Silence units of `rnn` (in place) one at a time, each time the one whose silencing raises the loss
-    on `batch` least, until `keep` of the `alive` ones are left. Returns the curve (units left, loss)."""
-    curve = [{what: int(alive.sum()), "loss": batch_loss(rnn, task, batch)}]
-    while int(alive.sum()) > keep:
-        best, best_loss = None, float("inf")
-        for i in alive.nonzero().flatten().tolist():
-            trial = copy.deepcopy(rnn)
-            silence(trial, i)
-            loss = batch_loss(trial, task, batch)
-            if loss < best_loss:
-                best, best_loss = i, loss
-        silence(rnn, best)
-        alive[best] = False
-        curve.append({what: int(alive.sum()), "loss": best_loss})
-    return curve
+def batch_loss(task, batch):
+    """The loss of an RNN on a fixed batch (prune_by_function calls it without gradients)."""
+    return lambda rnn: float(task.loss(rnn.predict(batch.tokens), batch.targets))
 
 
 def scores(ckpt, model) -> dict:
@@ -122,12 +93,8 @@ def main() -> None:
 
     # 2. pruning by function, below the KV/Q scores' blind spot
     batch = task.sample(args.prompts, generator=torch.Generator().manual_seed(1234), dtype=torch.float64)
-    pruned = copy.deepcopy(model)
-    alive_hidden, alive_gates = active_neurons(pruned)
-    result["hidden_curve"] = greedy_prune(pruned, task, batch, keep_hidden, alive_hidden.clone(), silence_hidden, "hidden")
-    _, alive_gates = active_neurons(pruned)
-    result["gate_curve"] = greedy_prune(pruned, task, batch, keep_gates, alive_gates.clone(), silence_gate, "gates")
-    small = prune(pruned).float()
+    small, result["pruning_curve"] = prune_by_function(model, batch_loss(task, batch), hidden=keep_hidden, gates=keep_gates)
+    small = small.float()
     result["pruned"] = scores(ckpt, small)
     print("pruned:", result["pruned"])
 
@@ -141,10 +108,13 @@ def main() -> None:
     (args.out / "results.json").write_text(json.dumps(result, indent=1))
 
     fig, ax = plt.subplots(figsize=(5, 3.2), dpi=120)
-    ax.semilogy([r["hidden"] for r in result["hidden_curve"]], [r["loss"] for r in result["hidden_curve"]], ".-")
-    ax.axvline(keep_hidden, color="grey", lw=0.8, ls=":")
-    ax.invert_xaxis()
-    ax.set_xlabel("hidden neurons kept (greedy, no fine-tuning)")
+    curve = result["pruning_curve"]
+    ax.semilogy(range(len(curve)), [r["loss"] for r in curve], ".-", ms=3)
+    cut = next((i for i, r in enumerate(curve) if r["hidden"] == keep_hidden), None)
+    if cut is not None:
+        ax.axvline(cut, color="grey", lw=0.8, ls=":", label=f"{keep_hidden} hidden left; gates next")
+        ax.legend(fontsize=7)
+    ax.set_xlabel("units silenced (hidden neurons, then gates; greedy, no fine-tuning)")
     ax.set_ylabel("loss on 1,024 fresh prompts")
     ax.set_title(f"{args.checkpoint}: pruning by function", fontsize=9)
     fig.tight_layout()

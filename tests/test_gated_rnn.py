@@ -6,7 +6,7 @@ import torch
 from zoo.analysis.polynomial import (
     coefficients, monomials, polynomial_distance, prediction_map, regression_coefficient_table,
 )
-from zoo.analysis.rnn import active_neurons, imperfect_memory_effect, kv_q_scores, memory_leak, prune
+from zoo.analysis.rnn import active_neurons, imperfect_memory_effect, kv_q_scores, memory_leak, prune, prune_by_function
 from zoo.constructions import construct_gd_lsa
 from zoo.models.gated_rnn import rnn_from_lsa
 from zoo.models.lsa import lsa_weights, teacher_lsa
@@ -199,6 +199,34 @@ def test_kv_q_scores_and_pruning():
     x = torch.randn(3, 32, 4, dtype=torch.float64)
     torch.testing.assert_close(small(x), big(x), rtol=0, atol=1e-12)
     assert kv_q_scores(big, task.teacher_weights())["prunable_neurons"] == 10
+
+
+def test_prune_by_function_removes_what_the_construction_does_not_need():
+    """The full construction (20 hidden, 16 gates) padded with 6 leaky neurons and 4 gates that read every
+    neuron and add a small quartic to the output: greedy pruning by function back to 20 / 16 removes
+    exactly the extra units (the 4 gates still read live neurons, so they must be cut one by one) and
+    recovers the construction's function to float64 rounding, its loss going from > 0 to ~0."""
+    task = LSATeacherTask(d=4, teacher_seed=4, x_std=0.4)
+    rnn = rnn_from_lsa(*lsa_weights(teacher_lsa(task)), task.readout)
+    big = padded(rnn, hidden=26, gates=20)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, rows, cols in (("w_m_in", slice(20, 26), slice(None)), ("w_x_in", slice(20, 26), slice(None)),
+                                 ("w_m_out", slice(16, 20), slice(None)), ("w_x_out", slice(16, 20), slice(None))):
+            w = getattr(big, name)
+            w[rows, cols] = 0.1 * torch.randn(w[rows, cols].shape, generator=g, dtype=torch.float64)
+        big.nu[20:] = torch.randn(6, generator=g, dtype=torch.float64)  # leaky neurons, 0 < λ < 1
+        big.readout_matrix[:, 16:] = 0.05 * torch.randn(4, 4, generator=g, dtype=torch.float64)
+    big.requires_grad_(False)
+    x = torch.randn(16, 32, 4, generator=g, dtype=torch.float64)
+    target = rnn(x).detach()
+    loss = lambda m: float(((m(x) - target) ** 2).mean())  # noqa: E731
+    assert loss(big) > 1e-6
+    small, curve = prune_by_function(big, loss, hidden=20, gates=16)
+    assert (small.hidden, small.readout_matrix.shape[1]) == (20, 16)
+    assert [r["hidden"] for r in curve] == [26, 25, 24, 23, 22, 21, 20, 20, 20, 20, 20]
+    assert [r["gates"] for r in curve][-1] == 16 and curve[-1]["loss"] < 1e-28
+    torch.testing.assert_close(small(x), target, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("n,blind", [(10, False), (13, False), (14, True), (18, True)])

@@ -5,6 +5,7 @@ and which neurons can be pruned without changing the function."""
 from __future__ import annotations
 
 import copy
+from typing import Callable
 
 import torch
 
@@ -81,3 +82,43 @@ def memory_leak(rnn: GatedLinearRNN) -> float | None:
     lam = copy.deepcopy(rnn).double().lam()  # 1 − λ in float32 would keep ~3 digits
     memory = hidden & (lam > 0.5)
     return float(torch.quantile(1 - lam[memory], 0.5)) if memory.any() else None
+
+
+@torch.no_grad()
+def silence_hidden(rnn: GatedLinearRNN, index: int) -> None:
+    """Cut hidden neuron `index` off its input: its state stays 0, so no gate reads anything from it."""
+    rnn.w_m_in[index] = 0
+    rnn.w_x_in[index] = 0
+
+
+@torch.no_grad()
+def silence_gate(rnn: GatedLinearRNN, index: int) -> None:
+    """Cut gate `index` off the read-out: D never reads it."""
+    rnn.readout_matrix[:, index] = 0
+
+
+@torch.no_grad()
+def prune_by_function(rnn: GatedLinearRNN, loss: Callable[[GatedLinearRNN], float], *, hidden: int,
+                      gates: int) -> tuple[GatedLinearRNN, list[dict]]:
+    """Greedy pruning by function (the zoo's, not the paper's exact-zero pruning `prune`): silence the
+    hidden neuron whose silencing raises `loss(rnn)` least, one at a time, until `hidden` are left;
+    then the gates the same way down to `gates`. Returns the smaller RNN and the curve of
+    (hidden, gates, loss) after each cut."""
+    rnn = copy.deepcopy(rnn)
+    alive_hidden, alive_gates = active_neurons(rnn)
+    curve = [{"hidden": int(alive_hidden.sum()), "gates": int(alive_gates.sum()), "loss": loss(rnn)}]
+    for alive, keep, silence in ((alive_hidden, hidden, silence_hidden), (alive_gates, gates, silence_gate)):
+        if silence is silence_gate:
+            alive = active_neurons(rnn)[1]  # gates that only read silenced neurons are dead already
+        while int(alive.sum()) > keep:
+            trials = []
+            for i in alive.nonzero().flatten().tolist():
+                trial = copy.deepcopy(rnn)
+                silence(trial, i)
+                trials.append((loss(trial), i))
+            best_loss, best = min(trials)
+            silence(rnn, best)
+            alive[best] = False
+            curve.append({"hidden": int(active_neurons(rnn)[0].sum()), "gates": int(active_neurons(rnn)[1].sum()),
+                          "loss": best_loss})
+    return prune(rnn), curve
