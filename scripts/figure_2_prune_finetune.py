@@ -101,7 +101,8 @@ def main() -> None:
     # 3. fine-tune the pruned network with the entry's recipe at a lower lr
     recipe = source.model_copy(update={"lr": args.lr, "recurrent_lr": None, "steps": args.steps,
                                        "eval_every": max(args.steps // 20, 1), "checkpoint_every": args.steps})
-    run = train(small, task, recipe, run_dir=args.out / ".finetune", device="cpu", compiled=args.compile)
+    run_dir = args.out / f".finetune-h{keep_hidden}-g{keep_gates}-{args.steps}-lr{args.lr:g}-p{args.prompts}"  # resumable
+    run = train(small, task, recipe, run_dir=run_dir, device="cpu", compiled=args.compile)
     result["finetune"]["history"] = run.history
     result["finetuned"] = scores(ckpt, small)
     print("fine-tuned:", result["finetuned"])
