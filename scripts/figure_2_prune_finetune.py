@@ -16,7 +16,7 @@ compact construction (d(d+1)/2 memory + d query neurons = 14 for d = 4, the pape
 neurons; d² = 16 gates, where the paper's pruned student keeps 13).
 
     python scripts/figure_2_prune_finetune.py [ENTRY_OR_FOLDER] --out reports/zucchet-2023/figure-2/<name>
-        [--hidden 14] [--gates 16] [--steps 20000] [--lr 1e-4] [--compile]
+        [--hidden 14 | --by-lambda] [--gates 16] [--steps 20000] [--lr 1e-4] [--prompts 1024] [--compile]
 
 Writes results.json (every stage's metrics and the pruning curve), pruning.png (loss against
 neurons kept) and weights.png (the fine-tuned network's matrices, hidden neurons sorted by λ: the
@@ -66,6 +66,9 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--hidden", type=int, default=None, help="hidden neurons kept (default d(d+1)/2 + d)")
     p.add_argument("--gates", type=int, default=None, help="gates kept (default d²)")
+    p.add_argument("--by-lambda", action="store_true",
+                   help="prune by λ group instead: keep d(d+1)/2 memory (λ > 0.99) and d forget (λ < 0.01) neurons, "
+                        "no leaky one (the paper's pruned student's 10 + 4)")
     p.add_argument("--steps", type=int, default=20000, help="fine-tuning steps")
     p.add_argument("--lr", type=float, default=1e-4, help="fine-tuning peak lr (cosine to the recipe's final lr)")
     p.add_argument("--prompts", type=int, default=1024, help="fresh prompts that rank the units")
@@ -93,7 +96,14 @@ def main() -> None:
 
     # 2. pruning by function, below the KV/Q scores' blind spot
     batch = task.sample(args.prompts, generator=torch.Generator().manual_seed(1234), dtype=torch.float64)
-    small, result["pruning_curve"] = prune_by_function(model, batch_loss(task, batch), hidden=keep_hidden, gates=keep_gates)
+    groups = None
+    if args.by_lambda:
+        lam = model.lam().detach()
+        memory, forget = lam > 0.99, lam < 0.01
+        groups = [(memory, d * (d + 1) // 2), (forget, d), (~memory & ~forget, 0)]
+        result["groups"] = {"memory": d * (d + 1) // 2, "forget": d, "leaky": 0}
+    small, result["pruning_curve"] = prune_by_function(model, batch_loss(task, batch), hidden=keep_hidden,
+                                                       gates=keep_gates, groups=groups)
     small = small.float()
     result["pruned"] = scores(ckpt, small)
     print("pruned:", result["pruned"])
@@ -101,7 +111,7 @@ def main() -> None:
     # 3. fine-tune the pruned network with the entry's recipe at a lower lr
     recipe = source.model_copy(update={"lr": args.lr, "recurrent_lr": None, "steps": args.steps,
                                        "eval_every": max(args.steps // 20, 1), "checkpoint_every": args.steps})
-    run_dir = args.out / f".finetune-h{keep_hidden}-g{keep_gates}-{args.steps}-lr{args.lr:g}-p{args.prompts}"  # resumable
+    run_dir = args.out / f".finetune-h{keep_hidden}-g{keep_gates}-{args.steps}-lr{args.lr:g}-p{args.prompts}{'-lambda' * args.by_lambda}"  # resumable
     run = train(small, task, recipe, run_dir=run_dir, device="cpu", compiled=args.compile)
     result["finetune"]["history"] = run.history
     result["finetuned"] = scores(ckpt, small)

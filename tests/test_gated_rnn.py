@@ -227,6 +227,12 @@ def test_prune_by_function_removes_what_the_construction_does_not_need():
     assert [r["hidden"] for r in curve] == [26, 25, 24, 23, 22, 21, 20, 20, 20, 20, 20]
     assert [r["gates"] for r in curve][-1] == 16 and curve[-1]["loss"] < 1e-28
     torch.testing.assert_close(small(x), target, rtol=0, atol=1e-12)
+    # by λ group: keep the 16 memory and 4 forget neurons, none of the 6 leaky ones
+    lam = big.lam()
+    groups = [(lam == 1, 16), (lam == 0, 4), ((lam > 0) & (lam < 1), 0)]
+    small, curve = prune_by_function(big, loss, hidden=0, gates=16, groups=groups)
+    assert [r["hidden"] for r in curve][:7] == [26, 25, 24, 23, 22, 21, 20] and curve[-1]["loss"] < 1e-28
+    torch.testing.assert_close(small(x), target, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("n,blind", [(10, False), (13, False), (14, True), (18, True)])
