@@ -60,6 +60,23 @@ def scores(ckpt, model) -> dict:
         "hidden": int(model.hidden), "gates": int(model.readout_matrix.shape[1])}
 
 
+def draw_pruning_curve(result: dict, prompts: int, path: Path) -> None:
+    """The loss on the ranking prompts after each greedy cut (results.json's pruning_curve)."""
+    fig, ax = plt.subplots(figsize=(5, 3.2), dpi=120)
+    curve = result["pruning_curve"]
+    ax.semilogy(range(len(curve)), [r["loss"] for r in curve], ".-", ms=3)
+    cut = next((i for i, r in enumerate(curve) if r["hidden"] == result["keep_hidden"]), None)
+    if cut is not None:
+        ax.axvline(cut, color="grey", lw=0.8, ls=":", label=f"{result['keep_hidden']} hidden left; gates next")
+        ax.legend(fontsize=7)
+    ax.set_xlabel("units silenced (hidden neurons, then gates; greedy, no fine-tuning)")
+    ax.set_ylabel(f"loss on {prompts:,} fresh prompts")
+    ax.set_title(f"{result['checkpoint']}: pruning by function", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("checkpoint", nargs="?", default="gated-rnn-student-d4", help="entry name, hub repo or folder")
@@ -73,7 +90,12 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-4, help="fine-tuning peak lr (cosine to the recipe's final lr)")
     p.add_argument("--prompts", type=int, default=1024, help="fresh prompts that rank the units")
     p.add_argument("--compile", action="store_true", help="fine-tune through torch.compile")
+    p.add_argument("--replot", action="store_true", help="only redraw pruning.png from OUT/results.json")
     args = p.parse_args()
+    if args.replot:
+        result = json.loads((args.out / "results.json").read_text())
+        draw_pruning_curve(result, result.get("prompts", args.prompts), args.out / "pruning.png")
+        return
 
     ckpt = zoo.load(args.checkpoint)
     model, task, source = ckpt.model.double(), ckpt.task, ckpt.entry.source
@@ -82,7 +104,7 @@ def main() -> None:
     keep_gates = args.gates or d * d
     args.out.mkdir(parents=True, exist_ok=True)
     result: dict = {"checkpoint": args.checkpoint, "commit": ckpt.provenance.get("git_commit"),
-                    "trained_steps": ckpt.provenance.get("steps"), "keep_hidden": keep_hidden, "keep_gates": keep_gates,
+                    "trained_steps": ckpt.provenance.get("steps"), "keep_hidden": keep_hidden, "keep_gates": keep_gates, "prompts": args.prompts,
                     "finetune": {"steps": args.steps, "lr": args.lr, "final_lr": source.final_lr,
                                  "weight_decay": source.weight_decay, "batch_size": source.batch_size}}
 
@@ -118,19 +140,7 @@ def main() -> None:
     print("fine-tuned:", result["finetuned"])
     (args.out / "results.json").write_text(json.dumps(result, indent=1))
 
-    fig, ax = plt.subplots(figsize=(5, 3.2), dpi=120)
-    curve = result["pruning_curve"]
-    ax.semilogy(range(len(curve)), [r["loss"] for r in curve], ".-", ms=3)
-    cut = next((i for i, r in enumerate(curve) if r["hidden"] == keep_hidden), None)
-    if cut is not None:
-        ax.axvline(cut, color="grey", lw=0.8, ls=":", label=f"{keep_hidden} hidden left; gates next")
-        ax.legend(fontsize=7)
-    ax.set_xlabel("units silenced (hidden neurons, then gates; greedy, no fine-tuning)")
-    ax.set_ylabel("loss on 1,024 fresh prompts")
-    ax.set_title(f"{args.checkpoint}: pruning by function", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(args.out / "pruning.png")
-    plt.close(fig)
+    draw_pruning_curve(result, args.prompts, args.out / "pruning.png")
     weight_matrices(gated_rnn_matrices(small), args.out / "weights.png",
                     title=f"{args.checkpoint}, pruned to {keep_hidden} hidden / {keep_gates} gates, fine-tuned {args.steps} steps")
 
