@@ -66,7 +66,7 @@ def imperfect_memory_effect(rnn: GatedLinearRNN, tokens: torch.Tensor, *, eps: f
     lam = rnn.lam()
     imperfect = hidden & (lam >= eps) & (lam <= 1 - eps)
     out = rnn(tokens)
-    rnn.w_m_in[imperfect] = 0  # no input: the neuron stays at 0
+    silence_hidden(rnn, imperfect)
     return float((rnn(tokens) - out).norm() / out.norm().clamp_min(1e-300))
 
 
@@ -85,8 +85,9 @@ def memory_leak(rnn: GatedLinearRNN) -> float | None:
 
 
 @torch.no_grad()
-def silence_hidden(rnn: GatedLinearRNN, index: int) -> None:
-    """Cut hidden neuron `index` off its input: its state stays 0, so no gate reads anything from it."""
+def silence_hidden(rnn: GatedLinearRNN, index: int | torch.Tensor) -> None:
+    """Cut hidden neuron(s) `index` (an index or a mask) off their input: the state stays 0, so no gate
+    reads anything from them."""
     rnn.w_m_in[index] = 0
     rnn.w_x_in[index] = 0
 
