@@ -4,8 +4,8 @@ and score whether its neurons encode the teacher's key-values and queries.
 The paper (section 3.1) prunes only neurons "with input or output weights that are entirely zeros":
 "we can remove 86 out of the 100 hidden neurons and 87 out of the 100 pre-readout neurons", with no
 threshold stated and no fine-tuning after it (Appendix B.2 fine-tunes only after merging three
-output-gating rows into one). Step 1 counts such neurons at several tolerances (the zoo's choice). A student whose weights did not go to zero keeps every neuron,
-and its KV and Q scores are then blind: with (d+1)(d+2)/2 − 1 or more neurons in a group (14 for
+output-gating rows into one). Step 1 counts such neurons at several tolerances (the zoo's choice).
+A student whose weights did not go to zero keeps every neuron, and its KV and Q scores are then blind: with (d+1)(d+2)/2 − 1 or more neurons in a group (14 for
 d = 4) any inputs regress the key-values perfectly (zoo.analysis.rnn.kv_q_scores). So step 2 prunes
 by function instead, below that blind spot: it removes, one at a time, the hidden neuron whose
 silencing raises the loss least (on a fixed batch of fresh prompts), down to `--hidden` neurons,
@@ -38,7 +38,7 @@ import torch  # noqa: E402
 
 import zoo  # noqa: E402
 from zoo.analysis.plots import weight_matrices  # noqa: E402
-from zoo.analysis.rnn import active_neurons, gated_rnn_matrices, prune_by_function  # noqa: E402
+from zoo.analysis.rnn import active_neurons, gated_rnn_matrices, lambda_groups, prune_by_function  # noqa: E402
 from zoo.evaluate import rescore  # noqa: E402
 from zoo.train import train  # noqa: E402
 
@@ -104,7 +104,8 @@ def main() -> None:
     keep_gates = args.gates or d * d
     args.out.mkdir(parents=True, exist_ok=True)
     result: dict = {"checkpoint": args.checkpoint, "commit": ckpt.provenance.get("git_commit"),
-                    "trained_steps": ckpt.provenance.get("steps"), "keep_hidden": keep_hidden, "keep_gates": keep_gates, "prompts": args.prompts,
+                    "trained_steps": ckpt.provenance.get("steps"), "keep_hidden": keep_hidden,
+                    "keep_gates": keep_gates, "prompts": args.prompts,
                     "finetune": {"steps": args.steps, "lr": args.lr, "final_lr": source.final_lr,
                                  "weight_decay": source.weight_decay, "batch_size": source.batch_size}}
 
@@ -120,9 +121,8 @@ def main() -> None:
     batch = task.sample(args.prompts, generator=torch.Generator().manual_seed(1234), dtype=torch.float64)
     groups = None
     if args.by_lambda:
-        lam = model.lam().detach()
-        memory, forget = lam > 0.99, lam < 0.01
-        groups = [(memory, d * (d + 1) // 2), (forget, d), (~memory & ~forget, 0)]
+        memory, forget, leaky = lambda_groups(model)  # λ > 0.99, λ < 0.01, the rest: the KV / Q scores' groups
+        groups = [(memory, d * (d + 1) // 2), (forget, d), (leaky, 0)]
         result["groups"] = {"memory": d * (d + 1) // 2, "forget": d, "leaky": 0}
     small, result["pruning_curve"] = prune_by_function(model, batch_loss(task, batch), hidden=keep_hidden,
                                                        gates=keep_gates, groups=groups)

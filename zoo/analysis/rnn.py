@@ -24,6 +24,15 @@ def r2_score(features: torch.Tensor, targets: torch.Tensor) -> float:
 
 
 @torch.no_grad()
+def lambda_groups(rnn: GatedLinearRNN, eps: float = 1e-2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Masks over the hidden neurons: memory (λ > 1 − eps), forget (λ < eps) and leaky (the rest).
+    The paper's "perfect memory" and "perfect forget" neurons are λ = 1 and 0; eps is the zoo's cut-off."""
+    lam = rnn.lam()
+    memory, forget = lam > 1 - eps, lam < eps
+    return memory, forget, ~memory & ~forget
+
+
+@torch.no_grad()
 def kv_q_scores(rnn: GatedLinearRNN, lsa_weights: dict[str, torch.Tensor], *, n: int = 4096, eps: float = 1e-2,
                 seed: int = 0) -> dict[str, float]:
     """Table 1's scores: 1 − R² of predicting key-values v kᵀ from the inputs of the active
@@ -36,8 +45,8 @@ def kv_q_scores(rnn: GatedLinearRNN, lsa_weights: dict[str, torch.Tensor], *, n:
     ones); `imperfect_memory_effect` and the polynomial distance do not have this blind spot."""
     rnn = copy.deepcopy(rnn).double()
     hidden, _ = active_neurons(rnn)
-    lam = rnn.lam()
-    memory, forget = hidden & (lam > 1 - eps), hidden & (lam < eps)
+    memory, forget, _ = lambda_groups(rnn, eps)
+    memory, forget = hidden & memory, hidden & forget
     x = torch.randn(n, rnn.d_in, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     u = rnn.input_gate(x)
     w_v, w_k, w_q = (lsa_weights[k].double() for k in ("w_v", "w_k", "w_q"))
@@ -63,8 +72,7 @@ def imperfect_memory_effect(rnn: GatedLinearRNN, tokens: torch.Tensor, *, eps: f
     rnn = copy.deepcopy(rnn).double()
     tokens = tokens.double()
     hidden, _ = active_neurons(rnn)
-    lam = rnn.lam()
-    imperfect = hidden & (lam >= eps) & (lam <= 1 - eps)
+    imperfect = hidden & lambda_groups(rnn, eps)[2]
     out = rnn(tokens)
     silence_hidden(rnn, imperfect)
     return float((rnn(tokens) - out).norm() / out.norm().clamp_min(1e-300))
