@@ -25,9 +25,10 @@ def test_plan_measures_eager_and_compiled_and_totals_them(capsys):
     assert "whole zoo" in out and f"{total:.2f}" in out.splitlines()[-1]
 
 
-def test_release_build_trains_compiled_within_its_budget_and_constructs(tmp_path):
+def test_release_build_trains_compiled_within_its_budget_and_constructs(tmp_path, capsys):
     """A budgeted CPU build: the trained entry runs compiled for the steps its measured (compiled) rate
-    affords, says so in its provenance and index row; the constructed one is built as always."""
+    affords, says so in its provenance and index row; the constructed one is built as always. A build in
+    one process shows each entry's name and its training's step bar."""
     index = release.build_release(tmp_path, only=["fast-weight-triples", "lsa-gd-zucchet-icl"], time_budget=1,
                                   device="cpu", progress=False)
     trained, constructed = index["entries"]["fast-weight-triples"], index["entries"]["lsa-gd-zucchet-icl"]
@@ -35,8 +36,13 @@ def test_release_build_trains_compiled_within_its_budget_and_constructs(tmp_path
     config = json.loads((tmp_path / "fast-weight-triples" / "config.json").read_text())
     assert config["provenance"]["compiled"] is True and config["provenance"]["steps"] == trained["steps"]
     assert constructed["source"] == "constructed" and constructed["verdict"].startswith("meets")
+    capsys.readouterr()
     eager = release.build_release(tmp_path / "eager", only=["fast-weight-triples"], time_budget=1, device="cpu",
-                                  progress=False, compiled=False)
+                                  progress=True, compiled=False)
+    shown = capsys.readouterr()
+    assert "building fast-weight-triples" in shown.out
+    steps = eager["entries"]["fast-weight-triples"]["steps"]
+    assert f"{steps}/{steps}" in shown.err  # tqdm's bar at the end of the run
     config = json.loads((tmp_path / "eager" / "fast-weight-triples" / "config.json").read_text())
     assert "compiled" not in config["provenance"] and eager["entries"]["fast-weight-triples"]["steps"] >= release.MIN_STEPS
 

@@ -283,10 +283,12 @@ def build_release(root: Path | None = None, *, only: list[str] | None = None, ti
         failures[name] = f"{type(error).__name__}: {error}"
         print(f"  FAILED {name}: {failures[name]}", flush=True)
 
-    if workers <= 1:
+    if workers <= 1:  # one process: each entry's training shows its step bar
         for name in todo:
+            if progress:
+                print(f"  building {name}", flush=True)
             try:
-                row = build_entry(name, root, **kwargs)
+                row = build_entry(name, root, **kwargs, progress=progress)
             except Exception as e:
                 failed(name, e)
             else:
