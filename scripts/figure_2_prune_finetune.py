@@ -5,10 +5,10 @@ The paper (section 3.1) prunes only neurons "with input or output weights that a
 "we can remove 86 out of the 100 hidden neurons and 87 out of the 100 pre-readout neurons", with no
 threshold stated and no fine-tuning after it (Appendix B.2 fine-tunes only after merging three
 output-gating rows into one). Step 1 counts such neurons at several tolerances (the zoo's choice).
-A student whose weights did not go to zero keeps every neuron, and its KV and Q scores are then blind: with (d+1)(d+2)/2 − 1 or more neurons in a group (14 for
-d = 4) any inputs regress the key-values perfectly (zoo.analysis.rnn.kv_q_scores). So step 2 prunes
-by function instead, below that blind spot: it removes, one at a time, the hidden neuron whose
-silencing raises the loss least (on a fixed batch of fresh prompts), down to `--hidden` neurons,
+A student whose weights did not go to zero keeps every neuron, and its KV and Q scores are then
+blind: with (d+1)(d+2)/2 − 1 or more neurons in a group (14 for d = 4) any inputs regress the
+key-values perfectly (zoo.analysis.rnn.kv_q_scores). So step 2 prunes by function instead, below
+that blind spot: it removes, one at a time, the hidden neuron whose silencing raises the loss least (on a fixed batch of fresh prompts), down to `--hidden` neurons,
 then the gates the same way down to `--gates`. Step 3 fine-tunes the pruned network with the zoo's
 training loop (AdamW, cosine lr, fresh batches) and scores it on the entry's frozen test split.
 Steps 2 and 3 are the zoo's procedure, not the paper's. The defaults keep the sizes of the zoo's
@@ -133,7 +133,8 @@ def main() -> None:
     # 3. fine-tune the pruned network with the entry's recipe at a lower lr
     recipe = source.model_copy(update={"lr": args.lr, "recurrent_lr": None, "steps": args.steps,
                                        "eval_every": max(args.steps // 20, 1), "checkpoint_every": args.steps})
-    run_dir = args.out / f".finetune-h{keep_hidden}-g{keep_gates}-{args.steps}-lr{args.lr:g}-p{args.prompts}{'-lambda' * args.by_lambda}"  # resumable
+    by = "-lambda" if args.by_lambda else ""
+    run_dir = args.out / f".finetune-h{keep_hidden}-g{keep_gates}-{args.steps}-lr{args.lr:g}-p{args.prompts}{by}"  # resumable
     run = train(small, task, recipe, run_dir=run_dir, device="cpu", compiled=args.compile)
     result["finetune"]["history"] = run.history
     result["finetuned"] = scores(ckpt, small)
