@@ -4,13 +4,14 @@ and score whether its neurons encode the teacher's key-values and queries.
 The paper (section 3.1) prunes only neurons "with input or output weights that are entirely zeros":
 "we can remove 86 out of the 100 hidden neurons and 87 out of the 100 pre-readout neurons", with no
 threshold stated and no fine-tuning after it (Appendix B.2 fine-tunes only after merging three
-output-gating rows into one). Step 1 counts such neurons at several tolerances (the zoo's choice).
-A student whose weights did not go to zero keeps every neuron, and its KV and Q scores are then
-blind: with (d+1)(d+2)/2 − 1 or more neurons in a group (14 for d = 4) any inputs regress the
-key-values perfectly (zoo.analysis.rnn.kv_q_scores). So step 2 prunes by function instead, below
-that blind spot: it removes, one at a time, the hidden neuron whose silencing raises the loss least (on a fixed batch of fresh prompts), down to `--hidden` neurons,
-then the gates the same way down to `--gates`. Step 3 fine-tunes the pruned network with the zoo's
-training loop (AdamW, cosine lr, fresh batches) and scores it on the entry's frozen test split.
+output-gating rows into one). Step 1 counts such neurons at several tolerances (the zoo's choice). A
+student whose weights did not go to zero keeps every neuron, and its KV and Q scores are then blind:
+with (d+1)(d+2)/2 − 1 or more neurons in a group (14 for d = 4) any inputs regress the key-values
+perfectly (zoo.analysis.rnn.kv_q_scores). So step 2 prunes by function instead, below that blind
+spot: it removes, one at a time, the hidden neuron whose silencing raises the loss least (on a fixed
+batch of fresh prompts), down to `--hidden` neurons, then the gates the same way down to `--gates`.
+Step 3 fine-tunes the pruned network with the zoo's training loop (AdamW, cosine lr, fresh batches)
+and scores it on the entry's frozen test split.
 Steps 2 and 3 are the zoo's procedure, not the paper's. The defaults keep the sizes of the zoo's
 compact construction (d(d+1)/2 memory + d query neurons = 14 for d = 4, the paper's 14 hidden
 neurons; d² = 16 gates, where the paper's pruned student keeps 13).
