@@ -10,7 +10,7 @@ import torch
 from icl_zoo_export import save_checkpoint
 from zoo.checkpoint import Checkpoint, provenance
 from zoo.constructions import construct
-from zoo.evaluate import evaluate, gd_reference
+from zoo.evaluate import alignment_probe, evaluate, gd_reference
 from zoo.models import create_model
 from zoo.registry import Entry, get_entry, get_task_spec, with_overrides
 from zoo.tasks.frozen import load_split
@@ -41,11 +41,14 @@ def build(
     progress: bool = True,
     compiled: bool = False,
     model: torch.nn.Module | None = None,
+    track_alignment: bool = False,
 ) -> Checkpoint:
     """Construct or train the entry `name` (or an Entry), evaluate it on its frozen test split,
     save it to `out`. `overrides` replaces dotted fields first ({"arch.hidden": 16});
     `compiled` trains through torch.compile (zoo.train.Step: same data, same losses to rounding).
-    `model`: the trained entry's `untrained_model` for this seed when the caller has built it already."""
+    `model`: the trained entry's `untrained_model` for this seed when the caller has built it already.
+    `track_alignment`: record the blogpost's three alignment metrics against the entry's GD reference
+    on the validation split at every eval step, in the history (its Figure 10); the weights are unchanged."""
     entry, spec, task, validation, test, hashes = _prepare(name, overrides)
     construction, history = None, []
 
@@ -65,6 +68,7 @@ def build(
         result = train(
             model, task, recipe, run_dir=Path(out) / TRAIN_DIR, validation_batch=validation.batch(task),
             steps=steps, seed=seed, device=dev, progress=progress, compiled=compiled,
+            probe=_alignment_probe(entry, task, construction, validation) if track_alignment else None,
         )
         history = result.history
         model.cpu()
@@ -73,6 +77,20 @@ def build(
             prov["compiled"] = True
 
     return _evaluate_and_save(entry, spec, model, prov, construction, history, out, validation, test)
+
+
+def _alignment_probe(entry, task, construction, validation):
+    """`zoo.evaluate.alignment_probe` against the GD the entry's card compares it with (`gd_reference`)."""
+    from zoo.tasks.regression import LinearRegressionTask
+
+    if not isinstance(task, LinearRegressionTask):
+        raise ValueError(f"entry '{entry.name}': alignment with GD is defined for in-context regression tasks, "
+                         f"not {type(task).__name__}")
+    batch64 = validation.batch(task, dtype=torch.float64)
+    reference = gd_reference(entry, task, construction, batch64)
+    eta = task.analytic_eta() if reference["eta"] is None else reference["eta"]
+    return alignment_probe(task, validation.batch(task), eta=eta, gd_steps=reference["gd_steps"],
+                           ridge=reference["ridge"])
 
 
 def untrained_model(entry: Entry, seed: int, task=None) -> torch.nn.Module:
@@ -169,11 +187,13 @@ def build_ensemble(
     progress: bool = True,
     compiled: bool = False,
     first: torch.nn.Module | None = None,
+    track_alignment: bool = False,
 ) -> list[Checkpoint]:
     """Train one member per seed in one batched computation (zoo/ensemble.py), then evaluate
     and save each as an ordinary checkpoint in `outs[i]`; `run_dir` holds the resumable state.
     `compiled`: torch.compile the step where it is not replayed as a CUDA graph already.
-    `first`: the first seed's `untrained_model` when the caller has built it already."""
+    `first`: the first seed's `untrained_model` when the caller has built it already.
+    `track_alignment`: as in `build`, for every member."""
     from zoo.ensemble import train_ensemble
 
     entry, spec, task, validation, test, hashes = _prepare(name, overrides)
@@ -190,15 +210,18 @@ def build_ensemble(
         return model
 
     compiled = compiled and dev.type != "cuda"  # on a GPU the step is replayed as one CUDA graph instead
+    probe = None
+    if track_alignment:  # every member starts from the same `source.init`, so one reference serves all
+        init = _initialise(entry, create_model(entry.arch, task), task, validation) if entry.source.init else None
+        probe = _alignment_probe(entry, task, init, validation)
     claim_run_dir(Path(run_dir), entry, spec, seed=seeds[0], steps=steps or entry.source.steps, members=list(seeds))
     result = train_ensemble(make_member, task, entry.source, seeds, run_dir=Path(run_dir),
                             validation_batch=validation.batch(task), steps=steps, device=dev, progress=progress,
-                            compiled=compiled)
+                            compiled=compiled, probe=probe)
     construction = constructions[0] if constructions else None
     ckpts = []
     for i, (seed, model, out) in enumerate(zip(seeds, result.models, outs)):
-        history = [{"step": r["step"], "train_loss": r["train_loss"][i], "lr": r["lr"],
-                    **({"val_loss": r["val_loss"][i]} if "val_loss" in r else {})} for r in result.history]
+        history = [{k: v[i] if isinstance(v, list) else v for k, v in r.items()} for r in result.history]  # member i's row
         prov = provenance(seed=seed, steps=result.steps, device=str(dev), dataset_hashes=hashes)
         prov["ensemble"] = {"members": len(seeds), "seeds": list(seeds)}
         if compiled:

@@ -108,6 +108,11 @@ def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
         plots.loss_curve(ckpt.history, folder / "loss_curve.png", gd_loss=m.get("gd_loss"),
                          gd_steps=m.get("gd_steps", 1), title=entry.name)
         figures.append({"file": "loss_curve.png", "alt": "training and validation loss vs steps, with the one-step-GD loss"})
+    if any("pred_l2_to_gd" in h for h in ckpt.history):
+        plots.alignment_curve(ckpt.history, folder / "alignment_curve.png", gd_steps=m.get("gd_steps", 1),
+                              title=f"{entry.name}: alignment with GD during training")
+        figures.append({"file": "alignment_curve.png",
+                        "alt": "prediction and gradient L2 errors to GD and the gradient cosine vs steps (validation)"})
     if "position_loss" in m:
         plots.position_curve(m, folder / "loss_vs_position.png", title=f"{entry.name}: loss against position (test split)")
         figures.append({"file": "loss_vs_position.png", "alt": "test loss of the prediction after t examples, with GD, online GD and least squares on the prefix"})

@@ -44,6 +44,11 @@ def cmd_show(args) -> int:
 
 
 # ---------------------------------------------------------------- build / eval
+TRACK_ALIGNMENT_HELP = ("record the prediction and sensitivity L2 errors and the sensitivity cosine to the entry's GD "
+                        "reference on 2,000 validation tasks at every eval step, in the history and the card's plot "
+                        "(blogpost Figure 10); the weights are unchanged")
+
+
 def _training_process() -> None:
     """A command that trains flushes denormals before torch starts its threads (zoo/train.py)."""
     from zoo.train import flush_denormals_in_this_process
@@ -57,7 +62,7 @@ def cmd_build(args) -> int:
 
     out = Path(args.out or Path("checkpoints") / args.name)
     ckpt = zoo.build(args.name, out, steps=args.steps, device=args.device, seed=args.seed, progress=not args.quiet,
-                     compiled=args.compile)
+                     compiled=args.compile, track_alignment=args.track_alignment)
     print(f"built {args.name} → {out}")
     _print_json(ckpt.metrics)
     return 0
@@ -375,6 +380,8 @@ def cmd_sweep(args) -> int:
         update["ensemble"] = True
     if args.compile:
         update["compiled"] = True
+    if args.track_alignment:
+        update["track_alignment"] = True
     if args.only:
         unknown = [e for e in args.only if e not in spec.entries]
         if unknown:
@@ -434,6 +441,7 @@ def parser() -> argparse.ArgumentParser:
                    help="train through torch.compile: ~10–60 s to compile, then up to 2.5–6× the steps/s on a CPU for "
                         "scan-heavy and small models, ~1× for LSTM/GRU (benchmarks/train_throughput.py); "
                         "same data and losses to rounding")
+    s.add_argument("--track-alignment", action="store_true", help=TRACK_ALIGNMENT_HELP)
     s.set_defaults(fn=cmd_build)
 
     s = sub.add_parser("eval", help="score a checkpoint (folder or Hub repo) on its frozen test split")
@@ -575,6 +583,7 @@ def parser() -> argparse.ArgumentParser:
                    help="override an entry field in every run, e.g. --set source.lr=3e-3 (repeatable)")
     s.add_argument("--ensemble", action="store_true", help="train each entry's seeds as one batched ensemble")
     s.add_argument("--compile", action="store_true", help="train through torch.compile (long runs on a CPU)")
+    s.add_argument("--track-alignment", action="store_true", help=TRACK_ALIGNMENT_HELP)
     s.add_argument("--only", nargs="+", metavar="ENTRY", help="run only these of the spec's entries")
     s.add_argument("--seeds", nargs="+", type=int, help="replace the spec's seeds")
     s.add_argument("--quiet", action="store_true")

@@ -82,13 +82,15 @@ def init_members(make_model, seeds: list[int]) -> list[nn.Module]:
 
 def train_ensemble(make_model, task, recipe, seeds: list[int], *, run_dir: Path, validation_batch=None,
                    steps: int | None = None, device=None, data: str = "per_member", cuda_graph: bool | None = None,
-                   until: int | None = None, progress: bool = True, compiled: bool = False) -> EnsembleResult:
+                   until: int | None = None, progress: bool = True, compiled: bool = False,
+                   probe=None) -> EnsembleResult:
     """Train one member per seed; `make_model()` builds an untrained model (called after seeding).
 
     `steps`: the length of the run (and of its lr schedule); default the recipe's.
     `until`: stop after this step, saving the state (run again to continue the same schedule).
     `cuda_graph`: replay the step as a CUDA graph (default: on for CUDA devices).
-    `compiled`: torch.compile the vmapped loss (forward + backward) and the update (not with a CUDA graph)."""
+    `compiled`: torch.compile the vmapped loss (forward + backward) and the update (not with a CUDA graph).
+    `probe(model)` ({name: float}): recorded for each member (unstacked copies) at every eval step (zoo.train.fit)."""
     if data not in ("per_member", "shared"):
         raise ValueError(f"data must be 'per_member' or 'shared', got {data!r}")
     device = torch.device(device) if device else default_device()
@@ -125,8 +127,12 @@ def train_ensemble(make_model, task, recipe, seeds: list[int], *, run_dir: Path,
         stacked, opt, recipe, generators, sample=lambda: _sample(task, generators, E, B), loss=loss,
         validation_loss=validation_loss, clip=clip if recipe.grad_clip else None, seeds=list(seeds), compiled=compiled,
         warmup=WARMUP_STEPS)
+    def probe_members():  # {name: [one value per member]}
+        rows = [probe(model) for model in unstack(members[0], stacked, E)]
+        return {name: [row[name] for row in rows] for name in rows[0]}
+
     run = fit(step, recipe, run_dir=run_dir, total=total, until=until, validation_batch=validation_batch,
-              progress=progress)
+              progress=progress, probe=None if probe is None else probe_members)
     return EnsembleResult(models=unstack(members[0], stacked, E), steps=run.steps, history=run.history,
                           steps_per_second=run.steps_per_second)
 

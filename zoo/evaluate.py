@@ -146,6 +146,28 @@ def alignment(pred: torch.Tensor, sens: torch.Tensor, b64: TaskBatch, eta: float
     }
 
 
+PROBE_TASKS = 2000  # validation tasks an alignment probe scores: the metrics' sampling error ~1/√2000 of their spread
+
+
+def alignment_probe(task: LinearRegressionTask, batch: TaskBatch, *, eta: float, gd_steps: int = 1,
+                    ridge: float = 0.0, tasks: int = PROBE_TASKS):
+    """probe(model) → `alignment` on the first `tasks` tasks of `batch` (a frozen split): the
+    blogpost's Figure 10 curves when `zoo.train.fit` calls it at every eval step. Only the query
+    tokens get gradients (the model's parameter gradients are untouched), and the model's
+    train/eval mode is left as it was."""
+    x, y = batch.x[:tasks], batch.y[:tasks]
+    b64 = task.batch_from_arrays(x.double(), y.double())
+    tokens = task.batch_from_arrays(x, y).tokens  # (tasks, T, d_in)
+
+    def probe(model) -> dict:
+        param = next(model.parameters())
+        pred, sens = predictions_and_sensitivities(model, tokens.to(device=param.device, dtype=param.dtype),
+                                                   task.query_channels)
+        return alignment(pred.cpu(), sens.cpu(), b64, eta, gd_steps, ridge)
+
+    return probe
+
+
 def gd_rate_curve(model, task: LinearRegressionTask, batch: TaskBatch, etas: list[float]) -> dict:
     """The blogpost's Figure 12: the three alignment metrics between the model and one GD step at
     each rate η in `etas`, with that GD's loss (`curve`); the model's predictions and input-gradients

@@ -45,6 +45,7 @@ class SweepSpec(BaseModel):
     device: str | None = None  # default: CUDA when available
     ensemble: bool = False  # train the seeds of each (entry, overrides) as one batched ensemble (zoo/ensemble.py)
     compiled: bool = False  # train through torch.compile (CPU: up to 2.5–6× the steps/s after ~10–60 s compiling per run)
+    track_alignment: bool = False  # record the alignment metrics with GD at every eval step (blogpost Figure 10)
     grid: dict[str, list[Any]] = {}  # dotted field → values
 
 
@@ -93,7 +94,7 @@ def expand(spec: SweepSpec) -> list[Run]:
 
 
 def run_one(run: Run, out_dir: str, steps: int | None, device: str | None, threads: int | None = None,
-            compiled: bool = False, model=None) -> dict:
+            compiled: bool = False, model=None, track_alignment: bool = False) -> dict:
     """Build one run (or read it back when finished) and return its results row. `model`: the run's
     untrained model when the caller has built it already (`run_group`)."""
     from zoo.builder import build
@@ -105,7 +106,7 @@ def run_one(run: Run, out_dir: str, steps: int | None, device: str | None, threa
         return result_row(run, read_checkpoint(folder), "cached")
     _register_task_variant(run)
     ckpt = build(run.config, folder, steps=steps, device=device, seed=run.seed, progress=False, compiled=compiled,
-                 model=model)
+                 model=model, track_alignment=track_alignment)
     return result_row(run, ckpt, "built")
 
 
@@ -134,7 +135,7 @@ def _limit_threads(threads: int | None) -> None:
 
 
 def run_group(runs: list[Run], out_dir: str, steps: int | None, device: str | None, threads: int | None = None,
-              compiled: bool = False) -> list[dict]:
+              compiled: bool = False, track_alignment: bool = False) -> list[dict]:
     """Runs that differ only in their seed: trained together as an ensemble when there are
     several unfinished ones and their model can be vmapped, else built one by one."""
     from zoo.builder import build_ensemble, untrained_model
@@ -151,13 +152,15 @@ def run_group(runs: list[Run], out_dir: str, steps: int | None, device: str | No
         _register_task_variant(first)
         model = untrained_model(first.config, first.seed)
     if model is None or not getattr(model, "vmappable", True):
-        return [run_one(r, out_dir, steps, device, compiled=compiled, model=model if r is first else None) for r in runs]
+        return [run_one(r, out_dir, steps, device, compiled=compiled, model=model if r is first else None,
+                        track_alignment=track_alignment) for r in runs]
     ckpts = build_ensemble(first.config, [r.seed for r in pending], [Path(out_dir) / r.name for r in pending],
                            run_dir=Path(out_dir) / ".ensembles" / first.name.replace(f"--seed{first.seed}", ""),
-                           steps=steps, device=device, progress=False, compiled=compiled, first=model)
+                           steps=steps, device=device, progress=False, compiled=compiled, first=model,
+                           track_alignment=track_alignment)
     built = {r.name: ckpt for r, ckpt in zip(pending, ckpts)}
     return [result_row(r, built[r.name], f"built (ensemble of {len(pending)})") if r.name in built
-            else run_one(r, out_dir, steps, device, compiled=compiled) for r in runs]
+            else run_one(r, out_dir, steps, device, compiled=compiled, track_alignment=track_alignment) for r in runs]
 
 
 def groups_of(runs: list[Run], ensemble: bool) -> list[list[Run]]:
@@ -178,7 +181,8 @@ def run_sweep(spec: SweepSpec, out: str | Path | None = None, backend: Literal["
         from tqdm.auto import tqdm
 
         bar = tqdm(groups, desc=spec.name, disable=not progress)
-        rows = [row for g in bar for row in run_group(g, str(out), spec.steps, spec.device, compiled=spec.compiled)]
+        rows = [row for g in bar for row in run_group(g, str(out), spec.steps, spec.device, compiled=spec.compiled,
+                                                       track_alignment=spec.track_alignment)]
     elif backend == "ray":
         rows = _run_on_ray(groups, out, spec, address, gpus_per_run)
     else:
@@ -197,7 +201,8 @@ def _run_on_ray(groups: list[list[Run]], out: Path, spec: SweepSpec, address: st
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     try:
         remote = ray.remote(num_cpus=1, num_gpus=gpus_per_run)(run_group)
-        results = ray.get([remote.remote(g, str(out.resolve()), spec.steps, spec.device, 1, spec.compiled) for g in groups])
+        results = ray.get([remote.remote(g, str(out.resolve()), spec.steps, spec.device, 1, spec.compiled,
+                                         spec.track_alignment) for g in groups])
         return [row for rows in results for row in rows]
     finally:
         if started_here:

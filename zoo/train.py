@@ -308,12 +308,17 @@ def denormals_flushed(device: torch.device):
 
 
 def fit(step: Step, recipe, *, run_dir: Path, total: int, until: int | None = None, validation_batch=None,
-        progress: bool = True) -> TrainResult:
+        progress: bool = True, probe=None) -> TrainResult:
     """The training loop of one model and of an ensemble alike: resume from `run_dir`'s state, run
     `step` up to `until` (default: the end of the `total`-step schedule), record the mean training
     loss (and the validation loss) every `recipe.eval_every` steps, save the state every
     `recipe.checkpoint_every` steps and at the stop, and stop with TrainingDiverged before a
-    non-finite loss or weight is recorded or saved (the state on disk stays the last good one)."""
+    non-finite loss or weight is recorded or saved (the state on disk stays the last good one).
+
+    `probe()`, when given, is called at every eval step and its metrics ({name: value}, one value
+    per member as a list for an ensemble) join that step's history row: how a model's behaviour,
+    not only its loss, changes during training (the blogpost's Figure 10: `zoo.evaluate.alignment_probe`).
+    It must not change the weights or draw from the training generators."""
     run_dir = Path(run_dir)
     device = next(step.module.parameters()).device
     start, history = 0, []
@@ -355,6 +360,8 @@ def fit(step: Step, recipe, *, run_dir: Path, total: int, until: int | None = No
                     if val is not None:
                         with torch.no_grad():
                             record["val_loss"] = row_value(step.validation_loss(*val).reshape(step.members))
+                    if probe is not None:
+                        record.update(probe())
                     history.append(record)
                     bar.set_postfix({k: f"{(sum(v) / len(v) if isinstance(v, list) else v):.4g}"  # an ensemble's mean
                                      for k, v in record.items() if k != "step"})
@@ -402,9 +409,11 @@ def train(
     device: torch.device | str | None = None,
     progress: bool = True,
     compiled: bool = False,
+    probe=None,
 ) -> TrainResult:
     """Train `model` on fresh batches of `task` with `recipe` (resuming from `run_dir` if it holds
-    a state); `compiled=True` runs the step through torch.compile (see `Step`)."""
+    a state); `compiled=True` runs the step through torch.compile (see `Step`); `probe(model)`
+    ({name: float}) is recorded in the history at every eval step (see `fit`)."""
     device = torch.device(device) if device else default_device()
     seed = recipe.seed if seed is None else seed
     model.to(device)
@@ -423,7 +432,7 @@ def train(
     step = Step(model, make_optimizer(model, recipe, tensor_lr=compiled), recipe, generator, sample=sample, loss=loss,
                 validation_loss=loss, clip=clip if recipe.grad_clip else None, compiled=compiled)
     return fit(step, recipe, run_dir=run_dir, total=steps or recipe.steps, validation_batch=validation_batch,
-               progress=progress)
+               progress=progress, probe=None if probe is None else (lambda: probe(model)))
 
 
 def last_saved_step(run_dir: Path) -> int | str:

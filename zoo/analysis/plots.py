@@ -50,6 +50,34 @@ def loss_curve(history: list[dict], path: Path, *, gd_loss: float | None = None,
     return finish(fig, ax, path, xlabel="step", ylabel="loss  (½·MSE)", title=title, title_size=9)
 
 
+ALIGNMENT_CURVES = {  # history key → legend: the blogpost's Figure 10 metrics (zoo.evaluate.alignment)
+    "pred_l2_to_gd": "L2 error (predictions)",
+    "sensitivity_l2_to_gd": "L2 error (gradients)",
+}
+
+
+def alignment_curve(history: list[dict], path: Path, *, gd_steps: int = 1, title: str = "",
+                    references: dict[str, list[tuple[float, float]]] | None = None) -> Path:
+    """The blogpost's Figure 10 from a history recorded with `track_alignment`: the two L2 errors to
+    GD (left, log) and the sensitivity cosine (right) against the training step. `references`
+    ({label: [(step, value)]}) adds other curves on the left axis (dashed), e.g. the blogpost's traces."""
+    rows = [h for h in history if "pred_l2_to_gd" in h]
+    steps = [h["step"] for h in rows]
+    fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=120)
+    for key, label in ALIGNMENT_CURVES.items():
+        ax.plot(steps, [h[key] for h in rows], label=label)
+    for label, points in (references or {}).items():
+        ax.plot([p[0] for p in points], [p[1] for p in points], ls="--", lw=1, label=label)
+    ax.set_yscale("log")
+    right = ax.twinx()
+    right.plot(steps, [h["sensitivity_cosine"] for h in rows], color="k", lw=1, label="cosine (gradients)")
+    right.set_ylabel("cosine")
+    right.set_ylim(min(0.0, min(h["sensitivity_cosine"] for h in rows)), 1.02)
+    right.legend(fontsize=8, loc="center right")
+    target = "one GD step" if gd_steps == 1 else f"{gd_steps} GD steps"
+    return finish(fig, ax, path, xlabel="step", ylabel=f"L2 error to {target}  (validation)", title=title, title_size=9)
+
+
 def weight_matrices(matrices: dict[str, torch.Tensor], path: Path, *, title: str = "") -> Path:
     """One heat-map per named matrix, shared symmetric colour scale per panel."""
     n = len(matrices)
