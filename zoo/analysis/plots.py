@@ -56,18 +56,15 @@ ALIGNMENT_CURVES = {  # history key → legend: the blogpost's Figure 10 metrics
 }
 
 
-def alignment_curve(history: list[dict], path: Path, *, gd_steps: int = 1, title: str = "",
-                    references: dict[str, list[tuple[float, float]]] | None = None) -> Path:
+def alignment_curve(history: list[dict], path: Path, *, gd_steps: int = 1, title: str = "") -> Path:
     """The blogpost's Figure 10 from a history recorded with `track_alignment`: the two L2 errors to
-    GD (left, log) and the sensitivity cosine (right) against the training step. `references`
-    ({label: [(step, value)]}) adds other curves on the left axis (dashed), e.g. the blogpost's traces."""
+    GD (left, log; sums of squares per task, zoo.evaluate.alignment) and the sensitivity cosine
+    (right) against the training step."""
     rows = [h for h in history if "pred_l2_to_gd" in h]
     steps = [h["step"] for h in rows]
     fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=120)
     for key, label in ALIGNMENT_CURVES.items():
         ax.plot(steps, [h[key] for h in rows], label=label)
-    for label, points in (references or {}).items():
-        ax.plot([p[0] for p in points], [p[1] for p in points], ls="--", lw=1, label=label)
     ax.set_yscale("log")
     right = ax.twinx()
     right.plot(steps, [h["sensitivity_cosine"] for h in rows], color="k", lw=1, label="cosine (gradients)")
