@@ -86,11 +86,8 @@ def _alignment_probe(entry, task, construction, validation):
     if not isinstance(task, LinearRegressionTask):
         raise ValueError(f"entry '{entry.name}': alignment with GD is defined for in-context regression tasks, "
                          f"not {type(task).__name__}")
-    batch64 = validation.batch(task, dtype=torch.float64)
-    reference = gd_reference(entry, task, construction, batch64)
-    eta = task.analytic_eta() if reference["eta"] is None else reference["eta"]
-    return alignment_probe(task, validation.batch(task), eta=eta, gd_steps=reference["gd_steps"],
-                           ridge=reference["ridge"])
+    reference = gd_reference(entry, task, construction, validation.batch(task, dtype=torch.float64))
+    return alignment_probe(task, validation.batch(task), **reference)
 
 
 def untrained_model(entry: Entry, seed: int, task=None) -> torch.nn.Module:

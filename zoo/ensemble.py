@@ -127,6 +127,7 @@ def train_ensemble(make_model, task, recipe, seeds: list[int], *, run_dir: Path,
         stacked, opt, recipe, generators, sample=lambda: _sample(task, generators, E, B), loss=loss,
         validation_loss=validation_loss, clip=clip if recipe.grad_clip else None, seeds=list(seeds), compiled=compiled,
         warmup=WARMUP_STEPS)
+
     def probe_members():  # {name: [one value per member]}
         rows = [probe(model) for model in unstack(members[0], stacked, E)]
         return {name: [row[name] for row in rows] for name in rows[0]}

@@ -149,12 +149,13 @@ def alignment(pred: torch.Tensor, sens: torch.Tensor, b64: TaskBatch, eta: float
 PROBE_TASKS = 2000  # validation tasks an alignment probe scores: the metrics' sampling error ~1/√2000 of their spread
 
 
-def alignment_probe(task: LinearRegressionTask, batch: TaskBatch, *, eta: float, gd_steps: int = 1,
+def alignment_probe(task: LinearRegressionTask, batch: TaskBatch, *, eta: float | None = None, gd_steps: int = 1,
                     ridge: float = 0.0, tasks: int = PROBE_TASKS):
-    """probe(model) → `alignment` on the first `tasks` tasks of `batch` (a frozen split): the
-    blogpost's Figure 10 curves when `zoo.train.fit` calls it at every eval step. Only the query
-    tokens get gradients (the model's parameter gradients are untouched), and the model's
-    train/eval mode is left as it was."""
+    """probe(model) → `alignment` with `gd_steps` GD steps at `eta` (default: the analytic η*) on the
+    first `tasks` tasks of `batch` (a frozen split): the blogpost's Figure 10 curves when
+    `zoo.train.fit` calls it at every eval step. Only the query tokens get gradients (the model's
+    parameter gradients are untouched), and the model's train/eval mode is left as it was."""
+    eta = task.analytic_eta() if eta is None else eta
     x, y = batch.x[:tasks], batch.y[:tasks]
     b64 = task.batch_from_arrays(x.double(), y.double())
     tokens = task.batch_from_arrays(x, y).tokens  # (tasks, T, d_in)
