@@ -5,7 +5,7 @@
 # rows (reports/blogpost-2024/figure-9.md), the GD-SSM baselines, feature dimension and sine waves
 # (reports/sushma-tian-2024/), Sushma's Figures 1.C (N = N_x) and 2.C (n_o = f) at the paper's recipe, Zucchet's
 # Figures 3.A, 3.B below 16 neurons and 4.A (sweeps/figure-3a.toml, figure-3b-small.toml, figure-4a.toml), and the blogpost's depth sweeps of
-# Figures 7–8 and 14–16.
+# Figures 7–8 and 14–16, and Figures 9–10 at C = 100 (D = 5; under 3.3 steps/s on the CPU).
 # From the repo root, stage by stage:
 #   launch    the sweep processes in the background (setsid), logs in /tmp/gpu-runs
 #   status    each ensemble's step (from its resumable state), the logs' tails, GPU use
@@ -37,7 +37,8 @@ launch)
   start figure-3a  "zoo sweep sweeps/figure-3a.toml --out $RUNS/figure-3a --quiet;
                     zoo sweep sweeps/figure-4a.toml --out $RUNS/figure-4a --quiet;
                     zoo sweep sweeps/figure-3b-small.toml --seeds 0 1 2 3 --out $RUNS/figure-3b-small --quiet"
-  start blogpost   "zoo sweep sweeps/figure-7-8.toml --out $RUNS/figure-7-8 --quiet;
+  start blogpost   "zoo sweep sweeps/figure-10-d5.toml --set task.n_context=100 --out $RUNS/figure-10-d5 --quiet;
+                    zoo sweep sweeps/figure-7-8.toml --out $RUNS/figure-7-8 --quiet;
                     zoo sweep sweeps/figure-14-16.toml --out $RUNS/figure-14-16 --quiet"
   start figure-2c  "for f in 2 10 20; do zoo sweep sweeps/gd-ssm-nd-feature-dim.toml --seeds 0 1 2 3 4 --set task.d_x=\$f --set task.d_y=\$f --set arch.value_dim=\$f --set arch.key_dim=\$f --out $RUNS/figure-2c --quiet; done"
   start figure-1c  "for f in 2 5 10 20; do zoo sweep sweeps/gd-ssm-feature-dim-paper.toml --seeds 0 1 2 3 4 --set task.d_x=\$f --set task.n_context=\$f --out $RUNS/figure-1c-paper --quiet; done"
