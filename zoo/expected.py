@@ -2,8 +2,8 @@
 
 Each `expected.<key>` of a registry entry is a number from the paper with a tolerance: relative
 (`rel_tol`: |m − v| ≤ rel_tol·|v|) or, for an order-of-magnitude claim, on a log scale
-(`log10_tol`: |log10(m / v)| ≤ log10_tol). The release index, the model cards and the registry
-test all call `check`, so a tolerance means the same thing everywhere.
+(`log10_tol`: |log10(m / v)| ≤ log10_tol). The release index, the model cards and
+tests/test_release.py all call `check`, so a tolerance means the same thing everywhere.
 """
 
 from __future__ import annotations
