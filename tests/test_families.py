@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from zoo.models import NotRecurrentError, create_model
-from zoo.models.griffin import LocalAttentionBlock
+from zoo.models.griffin import GriffinRecurrentBlock, LocalAttentionBlock
 from zoo.models.lru import LRUBlock, S5Block
 from zoo.models.mamba import MambaBlock
+from zoo.models.scan import causal_depthwise_conv
 from zoo.models.stack import RecurrentStackArch
 from zoo.models.transformer import TransformerArch
 from zoo.tasks.regression import LinearRegressionTask
@@ -107,6 +108,22 @@ def test_local_attention_at_the_last_position_equals_its_full_pass(window):
     torch.testing.assert_close(model.predict(tokens), model.readout(model(tokens)), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("block", [GriffinRecurrentBlock(width=6, expand=2, conv_kernel=4), MambaBlock(width=6, conv_kernel=3)],
+                         ids=["griffin", "mamba"])
+def test_depthwise_conv_as_shifted_products_equals_conv1d(block):
+    """The blocks' causal depthwise convolution, written as k shifted products, equals the Conv1d
+    module it takes its weights from (float64, random inputs), gradients included."""
+    torch.manual_seed(8)
+    conv = block.conv.double()
+    u = torch.randn(3, conv.kernel_size[0] - 1 + 9, conv.in_channels, dtype=torch.float64, requires_grad=True)  # (B, k − 1 + T, e)
+    fast, want = causal_depthwise_conv(u, conv), conv(u.transpose(1, 2)).transpose(1, 2)  # (B, T, e)
+    torch.testing.assert_close(fast, want, rtol=1e-12, atol=1e-12)
+    direction = torch.randn_like(want)
+    grads = [torch.autograd.grad((out * direction).sum(), [u, conv.weight, conv.bias]) for out in (fast, want)]
+    for g_fast, g_want in zip(*grads):
+        torch.testing.assert_close(g_fast, g_want, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("n_layers", [1, 3])
 def test_bidirectional_lstm_reads_its_last_position_with_one_backward_step(n_layers):
     """At the last position the backward direction has seen one token: `predict` runs it as one
@@ -154,6 +171,10 @@ def test_softmax_transformer_predict_at_the_query_only_equals_reading_forward(ca
     tokens = TASK.sample(5, seed=1, dtype=torch.float64).tokens
     want = model.readout(model(tokens))
     torch.testing.assert_close(model.predict(tokens), want, rtol=1e-12, atol=1e-12)
+    # and the gradients training takes through it (W_k, W_v folded into the query)
+    grads = [torch.autograd.grad(out.square().sum(), list(model.parameters())) for out in (model.predict(tokens), want)]
+    for fast, full in zip(*grads):
+        torch.testing.assert_close(fast, full, rtol=1e-10, atol=1e-12)
     if causal:  # masked, what follows the query cannot matter
         later = tokens.clone()
         later[:, position + 1 :] += 1.0 if position >= 0 else 0.0

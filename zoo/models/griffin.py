@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.models.scan import scan, with_history
+from zoo.models.scan import causal_depthwise_conv, scan, with_history
 from zoo.models.base import RecurrentBlock
 
 RG_LRU_C = 8.0
@@ -60,7 +60,7 @@ class GriffinRecurrentBlock(RecurrentBlock):
         g = F.gelu(self.w_g(x))
         conv_in, h0 = state if state is not None else (x.new_zeros(B, self.kernel - 1, self.inner), None)
         u, conv_in = with_history(conv_in, self.w_u(x))  # (B, k − 1 + T, e): the conv's inputs, earlier ones first
-        u = self.conv(u.transpose(1, 2)).transpose(1, 2)  # (B, T, e)
+        u = causal_depthwise_conv(u, self.conv)  # (B, T, e)
         a, b = self._recurrence_terms(u)
         h = scan(a, b, h0=h0)  # (B, T, e)
         return self.w_o(g * h), (conv_in, h[:, -1])

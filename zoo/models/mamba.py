@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.models.scan import scan, with_history
+from zoo.models.scan import causal_depthwise_conv, scan, with_history
 from zoo.models.base import RecurrentBlock
 
 
@@ -64,7 +64,7 @@ class MambaBlock(RecurrentBlock):
         u, z = self.in_proj(x).chunk(2, dim=-1)  # (B, T, e)
         conv_in, h0 = state if state is not None else (u.new_zeros(B, self.kernel - 1, self.inner), None)
         u, conv_in = with_history(conv_in, u)  # (B, k − 1 + T, e): the conv's inputs, earlier ones first
-        u = F.silu(self.conv(u.transpose(1, 2)).transpose(1, 2))  # (B, T, e)
+        u = F.silu(causal_depthwise_conv(u, self.conv))  # (B, T, e)
         a, bu, c = self._selective(u)
         h0 = None if h0 is None else h0.flatten(1)
         h = scan(a.flatten(2), bu.flatten(2), h0=h0, parallel=parallel).view(B, T, self.inner, self.state_size)  # (B, T, e, N)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from torch import nn
 
 
 def complex_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -76,6 +77,20 @@ def with_history(history: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, 
     the new history, its last K steps (what a causal window or convolution carries to the next chunk)."""
     full = torch.cat([history, x], dim=1)
     return full, full[:, x.shape[1] :]
+
+
+def causal_depthwise_conv(u: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
+    """A depthwise `conv` (groups = channels, no padding) over (B, k − 1 + T, e) inputs, earlier
+    ones first (as `with_history` returns them) → (B, T, e). Written as k shifted products, the
+    same sum as Conv1d's: compiled it fuses with its neighbours, and under vmap it does not become
+    a grouped convolution with E·e groups (whose backward took ~6 ms a step for Griffin at E = 32)."""
+    k = conv.kernel_size[0]
+    T = u.shape[1] - k + 1
+    weight = conv.weight[:, 0].T  # (k, e)
+    out = u[:, :T] * weight[0]
+    for j in range(1, k):
+        out = out + u[:, j : j + T] * weight[j]
+    return out + conv.bias if conv.bias is not None else out
 
 
 def _delay(x: torch.Tensor, offset: int, fill: float) -> torch.Tensor:

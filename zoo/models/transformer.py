@@ -46,16 +46,26 @@ class TransformerBlock(nn.Module):
         return x + self.mlp(x) if self.mlp is not None else x
 
     def forward_last(self, x: torch.Tensor) -> torch.Tensor:
-        """The block's output at the last position only (B, w), which attends to every position:
-        keys and values for all T tokens, the query, projection and MLP for one. Equals
-        `forward(x, causal)[:, -1]` with or without the mask (the last row of the mask is all open)."""
+        """The block's output at the last position only (B, w), which attends to every position.
+        Equals `forward(x, causal)[:, -1]` with or without the mask (the last row of the mask is
+        all open). One query reads the keys and values only through two sums, so W_k and W_v fold
+        into it and no token's key or value is formed (B·w² FLOPs each, not B·T·w²):
+
+            q·k_s = q·(W_k h_s + b_k) = (W_kᵀ q)·h_s + q·b_k
+            Σ_s a_s v_s = W_v (Σ_s a_s h_s) + b_v          (Σ_s a_s = 1)
+        """
         B, T, w = x.shape
-        d = w // self.heads
+        H, d = self.heads, w // self.heads
         h = self.ln_attn(x)  # (B, T, w)
-        k, v = F.linear(h, self.qkv.weight[w:], self.qkv.bias[w:]).view(B, T, 2, self.heads, d).permute(2, 0, 3, 1, 4)  # (B, H, T, d)
-        q = F.linear(h[:, -1], self.qkv.weight[:w], self.qkv.bias[:w]).view(B, self.heads, 1, d)  # (B, H, 1, d)
-        weights = F.softmax(q @ k.transpose(-1, -2) / math.sqrt(d), dim=-1)  # (B, H, 1, T)
-        x = x[:, -1] + self.proj((weights @ v).reshape(B, w))  # (B, w)
+        w_q, w_k, w_v = self.qkv.weight.split(w)  # (w, w) each, head-major rows
+        b_q, b_k, b_v = self.qkv.bias.split(w)
+        q = F.linear(h[:, -1], w_q, b_q).view(B, H, d)  # (B, H, d)
+        q_in = torch.einsum("bhd,hdw->bhw", q, w_k.view(H, d, w))  # (B, H, w): W_kᵀ q per head
+        scores = q_in @ h.transpose(1, 2) + (q * b_k.view(H, d)).sum(-1, keepdim=True)  # (B, H, T)
+        weights = F.softmax(scores / math.sqrt(d), dim=-1)  # (B, H, T)
+        mixed = weights @ h  # (B, H, w): Σ_s a_s h_s per head
+        attended = torch.einsum("bhw,hdw->bhd", mixed, w_v.view(H, d, w)) + b_v.view(H, d)  # (B, H, d)
+        x = x[:, -1] + self.proj(attended.reshape(B, w))  # (B, w)
         return x + self.mlp(x) if self.mlp is not None else x
 
 
