@@ -18,6 +18,8 @@ Each family is measured on one trained registry entry (the first of its arch typ
     ens E sh   the same with one shared sampling call per step (data="shared")
     ens E c    (and "sh c") the same, compiled
     ens E cg   per-member streams, the whole step replayed as one CUDA graph (CUDA only)
+    ens E sh cg  the same with every member's tasks drawn inside the graph from one generator
+               (one sampling launch for E × B tasks, not E)
 
 model-steps/s = E × optimiser steps per second. `train` and `train_ensemble` time
 themselves after their first few steps (compilation, graph capture and allocation left
@@ -164,8 +166,8 @@ def bench_entry(label: str, entry_name: str, args, device, peak_flops: float, pe
     variants = [("per_member", False, False, ""), ("shared", False, False, " sh")]
     if not args.no_compile:
         variants += [("per_member", False, True, " c"), ("shared", False, True, " sh c")]
-    if device.type == "cuda":
-        variants.append(("per_member", True, False, " cg"))
+    if device.type == "cuda":  # the whole step as one graph: per-member generators, or one generator for all members
+        variants += [("per_member", True, False, " cg"), ("shared", True, False, " sh cg")]
     for members in args.members:
         if members * recipe.batch_size > args.max_ensemble_tasks:
             print(f"{'ens ' + str(members):>16}   skipped: {members} × batch {recipe.batch_size} tasks a step "

@@ -112,13 +112,15 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
     ("gd-ssm-nd", {"source.batch_size": 32}),
     ("gated-rnn-student-d4", {"arch.hidden": 32}),
 ])
-def test_cuda_graph_steps_equal_eager_steps(tmp_path, name, overrides):
-    """The captured step draws the same data, applies the same lr schedule and AdamW update:
-    after 60 steps (warm-up, capture, replays, a cosine schedule) the weights match the eager
-    ensemble to float32 rounding."""
+@pytest.mark.parametrize("data", ["per_member", "shared"])
+def test_cuda_graph_steps_equal_eager_steps(tmp_path, name, overrides, data):
+    """The captured step draws the same data (per-member generators, or every member's tasks from
+    one generator inside the graph), applies the same lr schedule and AdamW update: after 60 steps
+    (warm-up, capture, replays, a cosine schedule) the weights match the eager ensemble to float32
+    rounding."""
     entry, task, make = setup(name, **overrides)
     recipe = entry.source.model_copy(update={"eval_every": 20, "checkpoint_every": 30, "warmup_steps": 10})
-    kw = dict(steps=60, device="cuda", progress=False)
+    kw = dict(steps=60, device="cuda", progress=False, data=data)
     eager = train_ensemble(make, task, recipe, [0, 5], run_dir=tmp_path / "eager", cuda_graph=False, **kw)
     graphed = train_ensemble(make, task, recipe, [0, 5], run_dir=tmp_path / "graph", cuda_graph=True, **kw)
     for m_eager, m_graph in zip(eager.models, graphed.models):
