@@ -104,15 +104,15 @@ def train_ensemble(make_model, task, recipe, seeds: list[int], *, run_dir: Path,
     if not getattr(members[0], "vmappable", True):
         raise ValueError(f"{type(members[0]).__name__} with these blocks cannot be vmapped (fused kernels without a "
                          "batching rule); train its seeds one by one with zoo.train.train")
-    base = copy.deepcopy(members[0]).to("meta")
+    base = _Predicting(copy.deepcopy(members[0]).to("meta"))
     params, buffers = stack_module_state(members)
     stacked = StackedParameters(members[0], params).to(device)
     opt = make_optimizer(stacked, recipe, capturable=graphed, tensor_lr=compiled)
     generators = [torch.Generator(device=device).manual_seed(s) for s in (seeds if data == "per_member" else seeds[:1])]
     E, B = len(seeds), recipe.batch_size
 
-    def member_loss(p, b, tokens, targets):
-        return task.loss(base.readout(functional_call(base, (p, b), (tokens,))), targets)
+    def member_loss(p, b, tokens, targets):  # the member's `predict`, with its read-out shortcuts, as `train` runs it
+        return task.loss(functional_call(base, (_prefixed(p), _prefixed(b)), (tokens,)), targets)
 
     def loss(tokens, targets):  # tokens (E, B, T, d_in): each member its own batch → (E,)
         return vmap(member_loss)(stacked.by_name(), buffers, tokens, targets)
@@ -192,6 +192,23 @@ class GraphedStep(Step):
             self.losses = self._body()
         self.graph.replay()  # the capture itself ran nothing
         return self.losses
+
+
+class _Predicting(nn.Module):
+    """`model.predict` as the module's call, so that `functional_call` swaps a member's weights
+    into it: ensembles train through the same read-out shortcuts (the query position only) as
+    `zoo.train.train`. The model's parameter names gain the prefix `model.`."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model.predict(tokens)
+
+
+def _prefixed(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {f"model.{name}": t for name, t in tensors.items()}
 
 
 def _sample(task, generators, E: int, B: int):
