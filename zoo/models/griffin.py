@@ -72,7 +72,7 @@ class GriffinRecurrentBlock(RecurrentBlock):
         conv_in, h = state
         g = F.gelu(self.w_g(x))
         window = torch.cat([conv_in, self.w_u(x).unsqueeze(1)], dim=1)  # (B, k, e)
-        u = (window * self.conv.weight[:, 0].T).sum(1) + self.conv.bias
+        u = causal_depthwise_conv(window, self.conv)[:, 0]  # (B, e)
         a, b = self._recurrence_terms(u)
         h = a * h + b
         return self.w_o(g * h), (window[:, 1:], h)

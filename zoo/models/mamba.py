@@ -78,7 +78,7 @@ class MambaBlock(RecurrentBlock):
         conv_in, h = state  # (B, k−1, e), (B, e, N)
         u, z = self.in_proj(x).chunk(2, dim=-1)
         window = torch.cat([conv_in, u.unsqueeze(1)], dim=1)  # (B, k, e)
-        u = F.silu((window * self.conv.weight[:, 0].T).sum(1) + self.conv.bias)
+        u = F.silu(causal_depthwise_conv(window, self.conv)[:, 0])  # (B, e)
         a, bu, c = self._selective(u)
         h = a * h + bu
         y = (h @ c.unsqueeze(-1)).squeeze(-1) + self.d * u
