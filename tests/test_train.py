@@ -97,6 +97,68 @@ def test_a_non_finite_loss_is_never_applied_to_the_weights(tmp_path, monkeypatch
         assert torch.isfinite(p).all() and torch.equal(p, q), name
 
 
+def poisoned_task(at_calls: set[int], interrupt_at: int | None = None):
+    """TASK whose training batches number `at_calls` (1-based) are NaN, Ctrl-C at batch `interrupt_at`."""
+    import dataclasses
+
+    calls = {"n": 0}
+
+    class Poisoned(type(TASK)):
+        def sample(self, n, *args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == interrupt_at:
+                raise KeyboardInterrupt
+            batch = super().sample(n, *args, **kwargs)
+            if calls["n"] in at_calls:
+                batch = dataclasses.replace(batch, tokens=torch.full_like(batch.tokens, float("nan")))
+            return batch
+
+    return Poisoned(**{f.name: getattr(TASK, f.name) for f in dataclasses.fields(TASK)})
+
+
+def test_a_skipped_step_leaves_the_weights_as_they_were(tmp_path):
+    """max_skipped_steps = 1: the poisoned step 7 is skipped, so 8 steps give bitwise the weights of a
+    clean 7-step run (a constant lr), and the row records the skip."""
+    flat = dict(schedule="constant", warmup_steps=0)
+    clean = fresh_model()
+    train(clean, TASK, recipe(steps=7, **flat), run_dir=tmp_path / "clean", device="cpu", progress=False)
+    model = fresh_model()
+    result = train(model, poisoned_task({8}), recipe(steps=8, max_skipped_steps=1, **flat), run_dir=tmp_path / "skip",
+                   device="cpu", progress=False)
+    assert result.history[-1]["step"] == 8 and result.history[-1]["skipped"] == 1
+    for (name, p), q in zip(model.named_parameters(), clean.parameters()):
+        assert torch.equal(p, q), name
+
+
+def test_one_skip_more_than_the_recipe_allows_stops(tmp_path):
+    with pytest.raises(TrainingDiverged, match=r"not finite at step 25 \(nan\); 1 steps were skipped already"):
+        train(fresh_model(), poisoned_task({8, 26}), recipe(max_skipped_steps=1), run_dir=tmp_path, device="cpu",
+              progress=False)
+
+
+def test_a_skip_keeps_the_schedule_and_resumes_to_the_bit(tmp_path):
+    """The lr schedule moves on over a skipped step: a run cut at step 15 (state of step 10) and
+    resumed, whose schedule restarts at step 10, equals the uninterrupted run."""
+    r = recipe(steps=20, max_skipped_steps=1)
+    straight = fresh_model()
+    train(straight, poisoned_task({8}), r, run_dir=tmp_path / "straight", device="cpu", progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        train(fresh_model(), poisoned_task({8}, interrupt_at=16), r, run_dir=tmp_path / "cut", device="cpu",
+              progress=False)
+    resumed = fresh_model(seed=99)
+    result = train(resumed, TASK, r, run_dir=tmp_path / "cut", device="cpu", progress=False)
+    assert result.resumed_from == 10 and result.history[0]["skipped"] == 1
+    for (name, p), q in zip(straight.named_parameters(), resumed.parameters()):
+        assert torch.equal(p, q), name
+
+
+def test_an_ensemble_refuses_a_recipe_that_skips(tmp_path):
+    from zoo.ensemble import train_ensemble
+
+    with pytest.raises(ValueError, match="one model at a time"):
+        train_ensemble(fresh_model, TASK, recipe(max_skipped_steps=3), [0, 1], run_dir=tmp_path, device="cpu")
+
+
 def test_cosine_schedule_shape():
     r = recipe(steps=100, warmup_steps=10, lr=1.0, final_lr=0.1)
     assert lr_factor(0, r, 100) == pytest.approx(0.1)

@@ -93,6 +93,9 @@ def train_ensemble(make_model, task, recipe, seeds: list[int], *, run_dir: Path,
     `probe(model)` ({name: float}): recorded for each member (unstacked copies) at every eval step (zoo.train.fit)."""
     if data not in ("per_member", "shared"):
         raise ValueError(f"data must be 'per_member' or 'shared', got {data!r}")
+    if recipe.max_skipped_steps:  # a step is the members' one update: skipping it for one would move the others off their solo runs
+        raise ValueError(f"a recipe with max_skipped_steps = {recipe.max_skipped_steps} trains one model at a time "
+                         "(zoo.train.train), not as an ensemble")
     device = torch.device(device) if device else default_device()
     graphed = device.type == "cuda" if cuda_graph is None else cuda_graph
     if graphed and compiled:

@@ -233,9 +233,11 @@ class Step:
 
     def __call__(self, step: int) -> torch.Tensor:
         """Run optimiser step number `step`; returns the losses (E,) computed before the update. A
-        non-finite loss is not applied (the loop stops on it): the model keeps its last finite weights."""
+        non-finite loss is not applied: the model keeps its last finite weights, the lr schedule moves
+        on, and the loop stops or skips the step (`recipe.max_skipped_steps`)."""
         losses = self.forward_backward()
         if self.checks_each_step and not torch.isfinite(losses).all():
+            self.sched.step()
             return losses
         self.update()
         self.sched.step()
@@ -332,6 +334,8 @@ def fit(step: Step, recipe, *, run_dir: Path, total: int, until: int | None = No
     row_value = (lambda t: t.item()) if step.seeds is None else (lambda t: t.tolist())
     stop = total if until is None else min(until, total)
     running, count = torch.zeros(step.members, dtype=torch.float64, device=device), 0  # losses summed since the last row
+    skipped = sum(row.get("skipped", 0) for row in history)  # steps skipped for a non-finite loss, in all
+    skipped_since = 0  # of which since the last row
     desc = "train" if step.seeds is None else f"train ×{step.members}"
     bar = tqdm(total=total, initial=start, disable=not progress, desc=desc, unit="step", dynamic_ncols=True)
     at, clock = start, StepClock(start, step.warmup, device)
@@ -340,10 +344,16 @@ def fit(step: Step, recipe, *, run_dir: Path, total: int, until: int | None = No
             for at in range(start, stop):
                 clock.tick(at)
                 losses = step(at)  # (E,)
-                if step.checks_each_step:
-                    _stop_if(~torch.isfinite(losses), step, run_dir, "the loss", f"is not finite at step {at} ({row_value(losses)})")
-                running += losses
-                count += 1
+                finite = torch.isfinite(losses)
+                if step.checks_each_step and not finite.all() and skipped < recipe.max_skipped_steps:
+                    skipped, skipped_since = skipped + 1, skipped_since + 1  # Step did not apply it
+                else:
+                    if step.checks_each_step:
+                        _stop_if(~finite, step, run_dir, "the loss", f"is not finite at step {at} ({row_value(losses)})"
+                                 + (f"; {skipped} steps were skipped already, the recipe's max_skipped_steps"
+                                    if recipe.max_skipped_steps else ""))
+                    running += losses
+                    count += 1
                 done = at + 1
                 is_eval = done % recipe.eval_every == 0 or done == total
                 is_checkpoint = done % recipe.checkpoint_every == 0 or done == stop
@@ -353,10 +363,12 @@ def fit(step: Step, recipe, *, run_dir: Path, total: int, until: int | None = No
                 _stop_if(~torch.isfinite(running) | _nonfinite_weights(step, device), step, run_dir, "the loss or weights",
                          f"are NaN/inf after {'the last step' if done == total else f'step {done}'}")
                 if is_eval:
-                    record = {"step": done, "train_loss": row_value(running / count),
+                    record = {"step": done, "train_loss": row_value(running / count) if count else None,
                               "lr": step.peak_lrs[0] * lr_factor(done, recipe, total)}  # the lr of the next step
+                    if skipped_since:
+                        record["skipped"] = skipped_since
                     running.zero_()
-                    count = 0
+                    count = skipped_since = 0
                     if val is not None:
                         with torch.no_grad():
                             record["val_loss"] = row_value(step.validation_loss(*val).reshape(step.members))
@@ -364,7 +376,7 @@ def fit(step: Step, recipe, *, run_dir: Path, total: int, until: int | None = No
                         record.update(probe())
                     history.append(record)
                     bar.set_postfix({k: f"{(sum(v) / len(v) if isinstance(v, list) else v):.4g}"  # an ensemble's mean
-                                     for k, v in record.items() if k != "step"})
+                                     for k, v in record.items() if k != "step" and v is not None})
                 if is_checkpoint:
                     save_state(run_dir, step.module, step.opt, step.generators, done, history)
                 bar.update(1)

@@ -37,9 +37,9 @@ def save(fig, path: Path, dpi: int = 120) -> Path:
 
 
 def loss_curve(history: list[dict], path: Path, *, gd_loss: float | None = None, gd_steps: int = 1, title: str = "") -> Path:
-    steps = [h["step"] for h in history]
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
-    ax.plot(steps, [h["train_loss"] for h in history], label="train (fresh tasks)")
+    trained = [h for h in history if h["train_loss"] is not None]  # None: every step of the row was skipped (non-finite)
+    ax.plot([h["step"] for h in trained], [h["train_loss"] for h in trained], label="train (fresh tasks)")
     if any("val_loss" in h for h in history):
         ax.plot([h["step"] for h in history if "val_loss" in h], [h["val_loss"] for h in history if "val_loss" in h],
                 label="validation (frozen split)")
