@@ -181,6 +181,25 @@ def test_softmax_transformer_predict_at_the_query_only_equals_reading_forward(ca
         torch.testing.assert_close(model.predict(later), want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("block", ["lru-out", "lru-in_out", "lru-in_skip", "s5"])
+@pytest.mark.parametrize("T", [1, 25, 200])
+def test_complex_diagonal_forward_last_is_the_last_position_of_forward(block, T):
+    """The LRU's and S5's read-out shortcut, h_T = Σ_t λ^{T−1−t} drive_t with the powers in closed
+    form, equals the scan's last output, gradients included, also with |λ| near 1 (r_max 0.999,
+    the long-memory end of the ring) over 200 steps."""
+    torch.manual_seed(4)
+    if block == "s5":
+        layer = S5Block(width=6, hidden=7).double()
+    else:
+        layer = LRUBlock(width=6, hidden=7, variant=block.removeprefix("lru-"), r_min=0.9, r_max=0.999).double()
+    x = torch.randn(3, T, 6, dtype=torch.float64)
+    fast, full = layer.forward_last(x), layer(x)[:, -1]
+    torch.testing.assert_close(fast, full, rtol=1e-11, atol=1e-12)
+    grads = [torch.autograd.grad(out.square().sum(), list(layer.parameters())) for out in (fast, full)]
+    for (name, _), g_fast, g_full in zip(layer.named_parameters(), *grads):
+        torch.testing.assert_close(g_fast, g_full, rtol=1e-9, atol=1e-11, msg=name)
+
+
 def test_variant_only_for_lru():
     with pytest.raises(ValueError, match="variant"):
         RecurrentStackArch(type="gru", variant="in_out")

@@ -56,8 +56,13 @@ class DiagonalComplexBlock(RecurrentBlock):
         self.c = nn.Parameter(torch.randn(width, hidden, 2) / math.sqrt(hidden))
         self.d = nn.Parameter(torch.randn(width))
 
-    def lam(self) -> torch.Tensor:  # (n, 2)
+    def log_lam(self) -> torch.Tensor:  # (n, 2): log λ = (log|λ|, arg λ)
         raise NotImplementedError
+
+    def lam(self) -> torch.Tensor:  # (n, 2)
+        log_modulus, phase = self.log_lam().unbind(-1)
+        modulus = torch.exp(log_modulus)
+        return torch.stack([modulus * torch.cos(phase), modulus * torch.sin(phase)], dim=-1)
 
     def drive(self, u: torch.Tensor) -> torch.Tensor:  # (…, n, 2): the input term of the recurrence
         raise NotImplementedError
@@ -73,6 +78,18 @@ class DiagonalComplexBlock(RecurrentBlock):
         h0 = None if state is None else state[0]  # (B, n, 2)
         h = scan(self.lam(), self.drive(u), complex_pairs=True, h0=h0)  # (B, T, n, 2)
         return self.mix_output(_real_part_of_product(self.c, h) + self.d * u, x), (h[:, -1],)
+
+    def forward_last(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, w) at the last position, from the zero state: h_T = Σ_t λ^{T−1−t} ⊙ drive_t, one weighted
+        sum with the powers exp((T−1−t) log λ) in closed form, and Re[C h] and the gates for the one
+        position, where `forward` scans every h_t and reads each out."""
+        u = self.mix_input(x)  # (B, T, w)
+        k = torch.arange(x.shape[1] - 1, -1, -1, dtype=x.dtype, device=x.device)  # T−1−t
+        log_power = k[:, None, None] * self.log_lam()  # (T, n, 2): log λ^{T−1−t}
+        modulus, phase = torch.exp(log_power[..., 0]), log_power[..., 1]
+        powers = torch.stack([modulus * torch.cos(phase), modulus * torch.sin(phase)], dim=-1)  # (T, n, 2)
+        h = complex_mul(powers, self.drive(u)).sum(1)  # (B, n, 2)
+        return self.mix_output(_real_part_of_product(self.c, h) + self.d * u[:, -1], x[:, -1])
 
     def state_shapes(self):
         return [("h", (self.hidden, 2))]
@@ -102,9 +119,8 @@ class LRUBlock(DiagonalComplexBlock):
             self.w_m_in = nn.Parameter(torch.randn(width, width) / math.sqrt(width))
             self.w_x_in = nn.Parameter(torch.randn(width, width) / math.sqrt(width))
 
-    def lam(self) -> torch.Tensor:
-        modulus, phase = torch.exp(-torch.exp(self.nu_log)), torch.exp(self.theta_log)
-        return torch.stack([modulus * torch.cos(phase), modulus * torch.sin(phase)], dim=-1)
+    def log_lam(self) -> torch.Tensor:
+        return torch.stack([-torch.exp(self.nu_log), torch.exp(self.theta_log)], dim=-1)
 
     def drive(self, u: torch.Tensor) -> torch.Tensor:
         return torch.exp(self.gamma_log).unsqueeze(-1) * _complex_linear(self.b, u)
@@ -131,10 +147,8 @@ class S5Block(DiagonalComplexBlock):
         dt = torch.exp(self.log_dt)
         return -torch.exp(self.nu_log) * dt, self.theta * dt  # Λ Δ as (re, im)
 
-    def lam(self) -> torch.Tensor:
-        re, im = self._continuous()
-        modulus = torch.exp(re)
-        return torch.stack([modulus * torch.cos(im), modulus * torch.sin(im)], dim=-1)
+    def log_lam(self) -> torch.Tensor:
+        return torch.stack(self._continuous(), dim=-1)  # λ = exp(Λ Δ)
 
     def drive(self, u: torch.Tensor) -> torch.Tensor:
         # ZOH: B̄ = (λ − 1)/Λ · B; with ΛΔ = z, (λ − 1)/Λ = Δ (e^z − 1)/z
