@@ -193,6 +193,12 @@ def test_complex_diagonal_forward_last_is_the_last_position_of_forward(block, T)
     else:
         layer = LRUBlock(width=6, hidden=7, variant=block.removeprefix("lru-"), r_min=0.9, r_max=0.999).double()
     x = torch.randn(3, T, 6, dtype=torch.float64)
+    if block != "s5":  # and a neuron with λ = 0 exactly (log|λ| = −inf): λ^0 is still 1
+        with torch.no_grad():
+            layer.nu_log[0] = 1e4
+        torch.testing.assert_close(layer.forward_last(x), layer(x)[:, -1], rtol=1e-11, atol=1e-12)
+        with torch.no_grad():
+            layer.nu_log[0] = 0.0
     fast, full = layer.forward_last(x), layer(x)[:, -1]
     torch.testing.assert_close(fast, full, rtol=1e-11, atol=1e-12)
     grads = [torch.autograd.grad(out.square().sum(), list(layer.parameters())) for out in (fast, full)]

@@ -152,6 +152,19 @@ def test_ensemble_sweep_builds_constructed_and_unvmappable_entries_one_by_one(tm
     assert all(r["test_loss"] > 0 for r in rows)
 
 
+def test_an_ensemble_sweep_trains_a_recipe_that_skips_one_seed_at_a_time(tmp_path):
+    """`lsa-5l-d10-c10` skips overflowing steps (max_skipped_steps), which an ensemble cannot: its
+    seeds are built one by one, and the release build does not replay it as a CUDA graph."""
+    from zoo.release import training_mode
+
+    spec_file = tmp_path / "s.toml"
+    spec_file.write_text('name = "skips"\nentries = ["lsa-5l-d10-c10"]\nseeds = [0, 1]\nsteps = 2\nensemble = true\n')
+    rows = run_sweep(load_spec(spec_file), tmp_path / "out", progress=False)
+    assert [r["status"] for r in rows] == ["built", "built"]
+    assert training_mode("lsa-5l-d10-c10", "cuda")[0] is False
+    assert training_mode("lsa-4l-d10-c10", "cuda")[0] is True  # the same model, a recipe that does not skip
+
+
 def test_task_variants_for_context_size_sweeps(tmp_path):
     from zoo.registry import get_task_spec
 

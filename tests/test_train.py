@@ -152,6 +152,70 @@ def test_a_skip_keeps_the_schedule_and_resumes_to_the_bit(tmp_path):
         assert torch.equal(p, q), name
 
 
+def test_a_skip_since_the_last_row_survives_a_checkpoint_between_rows(tmp_path):
+    """Rows every 10 steps, states every 5, cap 1, NaN batches at steps 2 and 12: cut after the state
+    of step 5 and resumed, the run still knows step 2 was skipped, and stops at step 12 as the
+    uninterrupted run does."""
+    r = recipe(eval_every=10, checkpoint_every=5, max_skipped_steps=1)
+    with pytest.raises(TrainingDiverged, match=r"at step 12 \(nan\); 1 steps were skipped already"):
+        train(fresh_model(), poisoned_task({3, 13}), r, run_dir=tmp_path / "straight", device="cpu", progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        train(fresh_model(), poisoned_task({3}, interrupt_at=8), r, run_dir=tmp_path / "cut", device="cpu",
+              progress=False)
+    assert json.loads((tmp_path / "cut" / META_FILE).read_text())["skipped_after_last_row"] == 1
+    with pytest.raises(TrainingDiverged, match=r"at step 12 \(nan\); 1 steps were skipped already"):
+        train(fresh_model(), poisoned_task({8}), r, run_dir=tmp_path / "cut", device="cpu", progress=False)
+
+
+class InfiniteGradient(torch.autograd.Function):
+    """The identity, whose backward returns inf: a finite loss with an overflowing gradient."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * float("inf")
+
+
+def overflowing_task(at_calls: set[int]):
+    """TASK whose training batches number `at_calls` (1-based) have a finite loss and an infinite gradient."""
+    import dataclasses
+
+    calls = {"n": 0}
+
+    class Overflowing(type(TASK)):
+        def sample(self, n, *args, **kwargs):
+            calls["n"] += 1
+            return super().sample(n, *args, **kwargs)
+
+        def loss(self, pred, targets):
+            if calls["n"] in at_calls and pred.requires_grad:
+                pred = InfiniteGradient.apply(pred)
+            return super().loss(pred, targets)
+
+    return Overflowing(**{f.name: getattr(TASK, f.name) for f in dataclasses.fields(TASK)})
+
+
+def test_a_finite_loss_with_an_overflowing_gradient_is_skipped(tmp_path):
+    """Step 7's loss is finite but its gradient is not (the 5-layer LSA has such batches: a loss near
+    float32's top whose backward overflows): with a recipe that skips, it is not applied, as AMP's
+    GradScaler skips it, and a second one past the cap stops the run at that step."""
+    flat = dict(schedule="constant", warmup_steps=0)
+    clean = fresh_model()
+    train(clean, TASK, recipe(steps=7, **flat), run_dir=tmp_path / "clean", device="cpu", progress=False)
+    model = fresh_model()
+    result = train(model, overflowing_task({8}), recipe(steps=8, max_skipped_steps=1, **flat),
+                   run_dir=tmp_path / "skip", device="cpu", progress=False)
+    assert result.history[-1]["skipped"] == 1
+    for (name, p), q in zip(model.named_parameters(), clean.parameters()):
+        assert torch.equal(p, q), name
+    with pytest.raises(TrainingDiverged, match=r"the gradient is not finite at step 12 \(.*\); 1 steps were skipped"):
+        train(fresh_model(), overflowing_task({8, 13}), recipe(steps=20, max_skipped_steps=1, **flat),
+              run_dir=tmp_path / "twice", device="cpu", progress=False)
+
+
 def test_an_ensemble_refuses_a_recipe_that_skips(tmp_path):
     from zoo.ensemble import train_ensemble
 

@@ -105,14 +105,16 @@ def run_length(name: str, device: str, time_budget: float | None, compiled: bool
 
 def training_mode(name: str, device: str, compiled: bool = True) -> tuple[bool, bool]:
     """(graphed, compiled): how the release build trains entry `name` on `device`. Vmappable models on
-    a GPU replay each step as one CUDA graph (zoo/ensemble.py); the others go through torch.compile
+    a GPU replay each step as one CUDA graph (zoo/ensemble.py), unless their recipe skips overflowing
+    steps (`max_skipped_steps`: each step is checked); the others go through torch.compile
     (with `compiled`) where their model says it pays and a compiler is there to build it."""
     from zoo.models import create_model
     from zoo.train import can_compile, on_cuda
 
     entry = get_entry(name)
     model = create_model(entry.arch, get_task_spec(entry.task).build())
-    graphed = on_cuda(device) and model.vmappable
+    skips = getattr(entry.source, "max_skipped_steps", 0)  # skipping steps trains one model at a time, not a graph
+    graphed = on_cuda(device) and model.vmappable and not skips
     return graphed, compiled and not graphed and model.compile_pays and can_compile(device)
 
 

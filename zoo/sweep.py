@@ -146,7 +146,9 @@ def run_group(runs: list[Run], out_dir: str, steps: int | None, device: str | No
     _limit_threads(threads)
     first, model = (pending[0] if pending else None), None
     # On a GPU even one run goes through the ensemble trainer: its step is one CUDA graph replay.
-    if first and first.config.source.kind == "trained" and (len(pending) > 1 or on_cuda(device)):
+    # A recipe that skips overflowing steps trains one model at a time (zoo.ensemble.train_ensemble).
+    if (first and first.config.source.kind == "trained" and not first.config.source.max_skipped_steps
+            and (len(pending) > 1 or on_cuda(device))):
         # The first run's untrained model, built once: it says whether the family can be vmapped
         # (fused LSTM/GRU kernels cannot), then trains as the ensemble's first member or on its own.
         _register_task_variant(first)

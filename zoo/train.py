@@ -105,7 +105,9 @@ def make_optimizer(model: torch.nn.Module, recipe, *, capturable: bool = False, 
 
 # ---------------------------------------------------------------- resumable state
 def save_state(run_dir: Path, model, opt, generator: torch.Generator | list[torch.Generator], step: int,
-               history: list[dict]) -> None:
+               history: list[dict], *, skipped_after_last_row: int = 0) -> None:
+    """The resumable state after `step` steps; `skipped_after_last_row`: steps skipped since the
+    history's last row (a checkpoint between eval steps), which a resumed run still counts."""
     tensors = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
     opt_sd = opt.state_dict()
     for idx, st in opt_sd["state"].items():
@@ -121,7 +123,10 @@ def save_state(run_dir: Path, model, opt, generator: torch.Generator | list[torc
     tmp_state, tmp_meta = run_dir / (STATE_FILE + ".tmp"), run_dir / (META_FILE + ".tmp")
     save_file({k: v.cpu() for k, v in tensors.items()}, str(tmp_state))
     groups = [{k: (v.item() if torch.is_tensor(v) else v) for k, v in g.items()} for g in opt_sd["param_groups"]]
-    tmp_meta.write_text(json.dumps({"step": step, "param_groups": groups, "history": history}))
+    meta = {"step": step, "param_groups": groups, "history": history}
+    if skipped_after_last_row:
+        meta["skipped_after_last_row"] = skipped_after_last_row
+    tmp_meta.write_text(json.dumps(meta))
     os.replace(tmp_state, run_dir / STATE_FILE)
     os.replace(tmp_meta, run_dir / META_FILE)
 
@@ -218,6 +223,14 @@ class Step:
         self.loss = loss
         self.update = optimizer_update(opt, clip, compiled=compiled)
 
+    def _finite_gradients(self) -> bool:
+        """Are the gradients finite? Checked only for a recipe that skips: it costs a sync per step,
+        and without skipping a non-finite gradient shows as non-finite weights at the next check."""
+        if not self.recipe.max_skipped_steps:
+            return True
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        return bool(torch.isfinite(torch.nn.utils.get_total_norm(grads)))
+
     def begin(self, start: int, total: int) -> None:
         """Called once before the first step of a call: `start` (> 0 when resumed) of a `total`-step schedule."""
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_factor(s, self.recipe, total),
@@ -233,10 +246,14 @@ class Step:
 
     def __call__(self, step: int) -> torch.Tensor:
         """Run optimiser step number `step`; returns the losses (E,) computed before the update. A
-        non-finite loss is not applied: the model keeps its last finite weights, the lr schedule moves
-        on, and the loop stops or skips the step (`recipe.max_skipped_steps`)."""
+        non-finite loss is not applied (`self.skipped`): the model keeps its last finite weights, and
+        the loop stops. With a recipe that skips (`max_skipped_steps`), a finite loss whose gradient
+        overflows is not applied either (AMP's GradScaler checks the gradients), the lr schedule
+        moves on, and the loop counts the skip."""
         losses = self.forward_backward()
-        if self.checks_each_step and not torch.isfinite(losses).all():
+        self.skipped = self.checks_each_step and not (torch.isfinite(losses).all() and self._finite_gradients())
+        if self.skipped:
+            self.opt._opt_called = True  # as after an update: LambdaLR would warn that it steps before the optimiser
             self.sched.step()
             return losses
         self.update()
@@ -334,8 +351,8 @@ def fit(step: Step, recipe, *, run_dir: Path, total: int, until: int | None = No
     row_value = (lambda t: t.item()) if step.seeds is None else (lambda t: t.tolist())
     stop = total if until is None else min(until, total)
     running, count = torch.zeros(step.members, dtype=torch.float64, device=device), 0  # losses summed since the last row
-    skipped = sum(row.get("skipped", 0) for row in history)  # steps skipped for a non-finite loss, in all
-    skipped_since = 0  # of which since the last row
+    skipped_since = skipped_after_last_row(run_dir) if start else 0  # steps skipped since the last row
+    skipped = sum(row.get("skipped", 0) for row in history) + skipped_since  # in all
     desc = "train" if step.seeds is None else f"train ×{step.members}"
     bar = tqdm(total=total, initial=start, disable=not progress, desc=desc, unit="step", dynamic_ncols=True)
     at, clock = start, StepClock(start, step.warmup, device)
@@ -344,14 +361,17 @@ def fit(step: Step, recipe, *, run_dir: Path, total: int, until: int | None = No
             for at in range(start, stop):
                 clock.tick(at)
                 losses = step(at)  # (E,)
-                finite = torch.isfinite(losses)
-                if step.checks_each_step and not finite.all() and skipped < recipe.max_skipped_steps:
-                    skipped, skipped_since = skipped + 1, skipped_since + 1  # Step did not apply it
-                else:
-                    if step.checks_each_step:
-                        _stop_if(~finite, step, run_dir, "the loss", f"is not finite at step {at} ({row_value(losses)})"
+                if step.checks_each_step and step.skipped:  # Step did not apply it
+                    if skipped < recipe.max_skipped_steps:
+                        skipped, skipped_since = skipped + 1, skipped_since + 1
+                    else:
+                        finite = torch.isfinite(losses)
+                        _stop_if(~finite if not finite.all() else torch.ones_like(finite),
+                                 step, run_dir, "the loss" if not finite.all() else "the gradient",
+                                 f"is not finite at step {at} ({row_value(losses)})"
                                  + (f"; {skipped} steps were skipped already, the recipe's max_skipped_steps"
                                     if recipe.max_skipped_steps else ""))
+                else:
                     running += losses
                     count += 1
                 done = at + 1
@@ -378,7 +398,8 @@ def fit(step: Step, recipe, *, run_dir: Path, total: int, until: int | None = No
                     bar.set_postfix({k: f"{(sum(v) / len(v) if isinstance(v, list) else v):.4g}"  # an ensemble's mean
                                      for k, v in record.items() if k != "step" and v is not None})
                 if is_checkpoint:
-                    save_state(run_dir, step.module, step.opt, step.generators, done, history)
+                    save_state(run_dir, step.module, step.opt, step.generators, done, history,
+                               skipped_after_last_row=skipped_since)
                 bar.update(1)
     except KeyboardInterrupt:
         bar.close()
@@ -445,6 +466,12 @@ def train(
                 validation_loss=loss, clip=clip if recipe.grad_clip else None, compiled=compiled)
     return fit(step, recipe, run_dir=run_dir, total=steps or recipe.steps, validation_batch=validation_batch,
                progress=progress, probe=None if probe is None else (lambda: probe(model)))
+
+
+def skipped_after_last_row(run_dir: Path) -> int:
+    """Steps skipped since the saved history's last row (see `save_state`)."""
+    meta = run_dir / META_FILE
+    return int(json.loads(meta.read_text()).get("skipped_after_last_row", 0)) if meta.exists() else 0
 
 
 def last_saved_step(run_dir: Path) -> int | str:

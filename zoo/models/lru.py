@@ -86,7 +86,8 @@ class DiagonalComplexBlock(RecurrentBlock):
         u = self.mix_input(x)  # (B, T, w)
         k = torch.arange(x.shape[1] - 1, -1, -1, dtype=x.dtype, device=x.device)  # T−1−t
         log_power = k[:, None, None] * self.log_lam()  # (T, n, 2): log λ^{T−1−t}
-        modulus, phase = torch.exp(log_power[..., 0]), log_power[..., 1]
+        # λ^0 = 1 also where λ = 0 (log|λ| = −inf, and 0 · −inf is NaN)
+        modulus, phase = torch.where(k[:, None] > 0, torch.exp(log_power[..., 0]), 1.0), log_power[..., 1]
         powers = torch.stack([modulus * torch.cos(phase), modulus * torch.sin(phase)], dim=-1)  # (T, n, 2)
         h = complex_mul(powers, self.drive(u)).sum(1)  # (B, n, 2)
         return self.mix_output(_real_part_of_product(self.c, h) + self.d * u[:, -1], x[:, -1])
