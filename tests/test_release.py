@@ -51,6 +51,9 @@ def test_every_registry_entry_is_released_and_current():
         for c in row["checks"]:
             verdict = "meets" if c["meets"] else "falls short"
             assert f"({c['tolerance']}) → measured" in card and f"**{verdict}** ({c['off_by']})" in card, (name, c)
+        history = (release.release_dir() / name / "training_history.json")
+        skipped = sum(r.get("skipped", 0) for r in json.loads(history.read_text())) if history.exists() else 0
+        assert (f"{skipped:,} of its steps were skipped" in card) == (skipped > 0), f"{name}: run `zoo release refresh`"
     assert (release.release_dir() / release.INDEX_MD).read_text() == release.index_markdown(INDEX), \
         "INDEX.md is not what index.json generates: run `zoo release refresh`"
 

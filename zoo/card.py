@@ -56,9 +56,14 @@ def run_line(ckpt) -> str:
         return "Constructed analytically, no training: the weights are the construction itself."
     steps, where = p.get("steps"), f"{p.get('device')}" + (f", {p['threads']} thread(s)" if p.get("threads") else "")
     if steps is not None and steps < src.steps:
-        return (f"**A shorter run than the paper's recipe:** trained {steps:,} of the recipe's {src.steps:,} steps on {where} "
+        line = (f"**A shorter run than the paper's recipe:** trained {steps:,} of the recipe's {src.steps:,} steps on {where} "
                 f"(seed {p.get('seed')}). The numbers on this card are this run's, not the recipe's.")
-    return f"Trained for the recipe's full {src.steps:,} steps on {where} (seed {p.get('seed')})."
+    else:
+        line = f"Trained for the recipe's full {src.steps:,} steps on {where} (seed {p.get('seed')})."
+    if skipped := sum(row.get("skipped", 0) for row in ckpt.history):
+        line += (f" {skipped:,} of its steps were skipped, with no update, for a loss or gradient that overflowed"
+                 f" float32 (the recipe allows {src.max_skipped_steps:,}).")
+    return line
 
 
 def card_data(ckpt, dataset_repo: str | None = None, dataset_revision: str | None = None) -> ModelCardData:
