@@ -114,8 +114,9 @@ class TrainRecipe(Strict):
     steps: int = Field(gt=0)
     batch_size: int = Field(gt=0)
     grad_clip: float | None = Field(None, gt=0)  # global-norm clip
-    # Steps whose loss overflows to inf/NaN that are skipped (no update; the lr schedule moves on), as
-    # AMP's GradScaler skips an overflowing step; one more stops training. 0: stop on the first.
+    # Steps whose loss or gradient overflows to inf/NaN that are skipped (no update; the lr schedule
+    # moves on), as AMP's GradScaler skips an overflowing step; one more stops training. 0: stop on the
+    # first non-finite loss (one model at a time: an ensemble refuses a recipe that skips).
     max_skipped_steps: int = Field(0, ge=0)
     recurrent_lr: float | None = Field(None, gt=0)  # peak lr of the recurrent ν's (GD-SSM: 1e-4 vs 2e-4)
     seed: int = 0
