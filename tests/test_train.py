@@ -31,24 +31,11 @@ def test_same_seed_same_weights(tmp_path):
         assert torch.equal(pa, pb)
 
 
-class InterruptedTask(LinearRegressionTask):
-    """The same task, but Ctrl-C arrives when batch number `stop_at` is requested."""
-
-    stop_at = 21
-    calls = 0
-
-    def sample(self, *args, **kwargs):
-        InterruptedTask.calls += 1
-        if InterruptedTask.calls == self.stop_at:
-            raise KeyboardInterrupt
-        return super().sample(*args, **kwargs)
-
-
 def test_resume_after_interruption_equals_uninterrupted_run(tmp_path):
     straight = fresh_model()
     train(straight, TASK, recipe(), run_dir=tmp_path / "straight", device="cpu", progress=False)
 
-    task = InterruptedTask(d_x=TASK.d_x, d_y=TASK.d_y, n_context=TASK.n_context)
+    task = poisoned_task(set(), interrupt_at=21)  # Ctrl-C when batch 21 is requested
     with pytest.raises(KeyboardInterrupt, match="run the same command again to resume"):
         train(fresh_model(), task, recipe(), run_dir=tmp_path / "cut", device="cpu", progress=False)
     assert json.loads((tmp_path / "cut" / META_FILE).read_text())["step"] == 20
@@ -74,22 +61,10 @@ def test_nan_guard_stops_and_keeps_last_good_state(tmp_path):
 def test_a_non_finite_loss_is_never_applied_to_the_weights(tmp_path, monkeypatch):
     """A poisoned batch at step 7 stops training before its gradient reaches the weights: the
     in-memory model keeps step 7's finite weights (bitwise those of a clean run stopped there)."""
-    import dataclasses
-
     flat = dict(schedule="constant", warmup_steps=0)  # the lr of step t does not depend on the run's length
     clean = fresh_model()
     train(clean, TASK, recipe(steps=7, **flat), run_dir=tmp_path / "clean", device="cpu", progress=False)
-    calls = {"n": 0}
-
-    class Poisoned(type(TASK)):
-        def sample(self, n, *args, **kwargs):
-            batch = super().sample(n, *args, **kwargs)
-            calls["n"] += 1
-            if calls["n"] == 8:  # the 8th training batch: step 7 (0-based)
-                batch = dataclasses.replace(batch, tokens=torch.full_like(batch.tokens, float("nan")))
-            return batch
-
-    task = Poisoned(**{f.name: getattr(TASK, f.name) for f in dataclasses.fields(TASK)})
+    task = poisoned_task({8})  # the 8th training batch: step 7 (0-based)
     model = fresh_model()
     with pytest.raises(TrainingDiverged, match=r"the loss is not finite at step 7 \(nan\)"):
         train(model, task, recipe(steps=40, **flat), run_dir=tmp_path / "poisoned", device="cpu", progress=False)
@@ -268,8 +243,7 @@ def test_compiled_run_resumes_to_the_same_weights(tmp_path):
     straight = fresh_model()
     train(straight, TASK, recipe(), run_dir=tmp_path / "straight", device="cpu", progress=False, compiled=True)
 
-    InterruptedTask.calls = 0
-    task = InterruptedTask(d_x=TASK.d_x, d_y=TASK.d_y, n_context=TASK.n_context)
+    task = poisoned_task(set(), interrupt_at=21)  # Ctrl-C when batch 21 is requested
     with pytest.raises(KeyboardInterrupt, match="run the same command again to resume"):
         train(fresh_model(), task, recipe(), run_dir=tmp_path / "cut", device="cpu", progress=False, compiled=True)
     resumed = fresh_model(seed=99)

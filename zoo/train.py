@@ -207,6 +207,7 @@ class Step:
     LSTM/GRU kernels) take the eager step."""
 
     checks_each_step = True  # the loop checks every step's losses (a graph replay: only at eval/checkpoint steps)
+    skipped = False  # the last call left the weights as they were (a non-finite loss or gradient)
 
     def __init__(self, module: torch.nn.Module, opt, recipe, generators: torch.Generator | list[torch.Generator], *,
                  sample, loss, validation_loss, clip=None, seeds: list[int] | None = None, compiled: bool = False,
@@ -361,7 +362,7 @@ def fit(step: Step, recipe, *, run_dir: Path, total: int, until: int | None = No
             for at in range(start, stop):
                 clock.tick(at)
                 losses = step(at)  # (E,)
-                if step.checks_each_step and step.skipped:  # Step did not apply it
+                if step.skipped:  # Step did not apply it
                     if skipped < recipe.max_skipped_steps:
                         skipped, skipped_since = skipped + 1, skipped_since + 1
                     else:

@@ -41,6 +41,11 @@ def _complex_linear(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.stack([x @ weight[..., 0].T, x @ weight[..., 1].T], dim=-1)
 
 
+def _from_polar(modulus: torch.Tensor, phase: torch.Tensor) -> torch.Tensor:
+    """modulus · e^{i phase} as (re, im) pairs → (…, 2)."""
+    return torch.stack([modulus * torch.cos(phase), modulus * torch.sin(phase)], dim=-1)
+
+
 def _real_part_of_product(weight: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     """Re[C h] for C (w, n, 2) and h (…, n, 2) → (…, w)."""
     return h[..., 0] @ weight[..., 0].T - h[..., 1] @ weight[..., 1].T
@@ -61,8 +66,7 @@ class DiagonalComplexBlock(RecurrentBlock):
 
     def lam(self) -> torch.Tensor:  # (n, 2)
         log_modulus, phase = self.log_lam().unbind(-1)
-        modulus = torch.exp(log_modulus)
-        return torch.stack([modulus * torch.cos(phase), modulus * torch.sin(phase)], dim=-1)
+        return _from_polar(torch.exp(log_modulus), phase)
 
     def drive(self, u: torch.Tensor) -> torch.Tensor:  # (…, n, 2): the input term of the recurrence
         raise NotImplementedError
@@ -87,8 +91,7 @@ class DiagonalComplexBlock(RecurrentBlock):
         k = torch.arange(x.shape[1] - 1, -1, -1, dtype=x.dtype, device=x.device)  # T−1−t
         log_power = k[:, None, None] * self.log_lam()  # (T, n, 2): log λ^{T−1−t}
         # λ^0 = 1 also where λ = 0 (log|λ| = −inf, and 0 · −inf is NaN)
-        modulus, phase = torch.where(k[:, None] > 0, torch.exp(log_power[..., 0]), 1.0), log_power[..., 1]
-        powers = torch.stack([modulus * torch.cos(phase), modulus * torch.sin(phase)], dim=-1)  # (T, n, 2)
+        powers = _from_polar(torch.where(k[:, None] > 0, torch.exp(log_power[..., 0]), 1.0), log_power[..., 1])  # (T, n, 2)
         h = complex_mul(powers, self.drive(u)).sum(1)  # (B, n, 2)
         return self.mix_output(_real_part_of_product(self.c, h) + self.d * u[:, -1], x[:, -1])
 
