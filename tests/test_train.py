@@ -192,7 +192,12 @@ def test_a_finite_loss_with_an_overflowing_gradient_is_skipped(tmp_path):
 
 
 def test_an_ensemble_refuses_a_recipe_that_skips(tmp_path):
+    from pydantic import ValidationError
+
     from zoo.ensemble import train_ensemble
+
+    with pytest.raises(ValidationError, match="max_skipped_steps"):  # a cap is a count
+        recipe(max_skipped_steps=-1)
 
     with pytest.raises(ValueError, match="one model at a time"):
         train_ensemble(fresh_model, TASK, recipe(max_skipped_steps=3), [0, 1], run_dir=tmp_path, device="cpu")
