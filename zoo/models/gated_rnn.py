@@ -108,8 +108,8 @@ class GatedLinearRNN(ZooModel):
         if self.recurrence == "diagonal":
             return scan(self.lam().to(u.dtype).expand_as(u), u, h0=h0, parallel=parallel)
         h, hs = (torch.zeros_like(u[:, 0]) if h0 is None else h0), []
-        for t in range(u.shape[1]):
-            h = h @ self.w_rec.T + u[:, t]
+        for u_t in u.unbind(1):  # not u[:, t]: see scan.time_steps
+            h = h @ self.w_rec.T + u_t
             hs.append(h)
         return torch.stack(hs, dim=1)
 
