@@ -40,30 +40,48 @@ def test_parallel_scan_equals_sequential(T):
     torch.testing.assert_close(parallel_scan(a, b)[:, t], expected, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("a_shape", [(5,), (1, 1, 5), (3, 1, 5), (7, 5), (1, 7, 5), (3, 7, 5), "expanded"])
+# a as the scan receives it, from a leaf of the given shape: as is, expanded along time and batch (stride 0
+# on both), expanded along batch only (time-varying, stride 0 on batch), or time-varying and transposed
+A_FORMS = {"as is": lambda a, b: a, "expanded": lambda a, b: a.expand_as(b),
+           "batch-expanded": lambda a, b: a.expand_as(b), "transposed": lambda a, b: a.transpose(1, 2)}
+
+
+@pytest.mark.parametrize("a_shape, form", [((5,), "as is"), ((1, 1, 5), "as is"), ((3, 1, 5), "as is"), ((7, 5), "as is"),
+                                           ((1, 7, 5), "as is"), ((3, 7, 5), "as is"), ((5,), "expanded"),
+                                           ((1, 7, 5), "batch-expanded"), ((3, 5, 7), "transposed")])
 @pytest.mark.parametrize("compiled", [False, True])
-def test_sequential_scan_takes_a_in_every_broadcast_shape(a_shape, compiled):
+def test_sequential_scan_takes_a_in_every_broadcast_shape(a_shape, form, compiled):
     """`sequential_scan` reads a time-invariant `a` once per step without expanding it (scan.time_steps);
     values and gradients of a and b equal the definition written with a broadcast to (B, T, n) first,
-    for every shape that broadcasts: no T axis, T = 1, (T, n) (time-varying), and a stride-0 expand."""
-    g = torch.Generator().manual_seed(len(str(a_shape)))
+    for every shape that broadcasts: no T axis, T = 1, (T, n) (time-varying), stride-0 expands along
+    time or along batch only, and a non-contiguous time-varying a."""
+    g = torch.Generator().manual_seed(len(str(a_shape)) + len(form))
     b = torch.randn(3, 7, 5, generator=g, dtype=torch.float64, requires_grad=True)
-    a_base = torch.rand((5,) if a_shape == "expanded" else a_shape, generator=g, dtype=torch.float64, requires_grad=True)
+    a_base = torch.rand(a_shape, generator=g, dtype=torch.float64, requires_grad=True)
     weights = torch.randn(3, 7, 5, generator=g, dtype=torch.float64)
 
     def loss(scan_fn, a):
-        return (scan_fn(a.expand_as(b) if a_shape == "expanded" else a, b) * weights).sum()
+        return (scan_fn(A_FORMS[form](a, b), b) * weights).sum()
 
     def reference(a, b):  # h_t = Σ_{s≤t} (Π_{s<r≤t} a_r) b_s with a broadcast to b's shape
         a = torch.broadcast_to(a, b.shape)
         return torch.stack([sum(torch.prod(a[:, s + 1 : t + 1], dim=1) * b[:, s] for s in range(t + 1))
                             for t in range(b.shape[1])], dim=1)
 
+    if compiled:
+        torch._dynamo.reset()  # each case is a new specialisation of the same function: keep under the recompile limit
     fast = torch.compile(sequential_scan, fullgraph=True) if compiled else sequential_scan
     got = torch.autograd.grad(loss(fast, a_base), (a_base, b))
     want = torch.autograd.grad(loss(reference, a_base), (a_base, b))
     for x, y in zip(got, want):
         torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("a_shape", [(3, 2, 5), (3, 6, 5), (2, 5), (4,)])
+def test_sequential_scan_refuses_an_a_that_does_not_broadcast(a_shape):
+    """A wrong number of steps in a is an error, not a scan cut to the shorter of a and b."""
+    with pytest.raises(ValueError, match="does not broadcast"):
+        sequential_scan(torch.rand(a_shape), torch.randn(3, 4, 5))
 
 
 def test_forward_is_eq2_in_both_scan_forms():

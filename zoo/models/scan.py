@@ -37,8 +37,14 @@ def time_steps(x: torch.Tensor, like: torch.Tensor) -> list[torch.Tensor]:
     like[:, t]. A time-invariant x (no T axis, T = 1, or expanded along T: stride 0) is the same tensor
     at every step, so its gradient is one sum over the steps. The steps come from `unbind`, whose
     backward is one stack: indexing x[:, t] instead gives every step's gradient as a full-size
-    (B, T, …) tensor, T of them (compiled, LRU forward + backward 7.8 → 0.87 ms at 64 × 32 × 60,
-    benchmarks/scan_steps.py)."""
+    (B, T, …) tensor, T of them (compiled, 2 threads, LRU forward + backward at 64 × 32 × 60:
+    3.85 → 0.84 ms, benchmarks/scan_steps.py)."""
+    try:  # zip over the steps would otherwise cut a scan to the shorter of a and b, silently
+        broadcasts = torch.broadcast_shapes(x.shape, like.shape) == like.shape
+    except RuntimeError:
+        broadcasts = False
+    if not broadcasts:
+        raise ValueError(f"a of shape {tuple(x.shape)} does not broadcast to b's {tuple(like.shape)} (B, T, …)")
     x = x.reshape((1,) * (like.dim() - x.dim()) + tuple(x.shape))  # trailing axes line up, as broadcasting does
     if x.shape[1] == 1 or x.stride(1) == 0:
         return [x[:, 0]] * like.shape[1]
