@@ -106,7 +106,7 @@ class GatedLinearRNN(ZooModel):
         """h_1 … h_T (B, T, n) from h_0 (B, n) (None: zeros)."""
         u = self.input_gate(tokens)  # (B, T, n)
         if self.recurrence == "diagonal":
-            return scan(self.lam().to(u.dtype).expand_as(u), u, h0=h0, parallel=parallel)
+            return scan(self.lam().to(u.dtype), u, h0=h0, parallel=parallel)  # λ (n,) broadcasts over (B, T)
         h, hs = (torch.zeros_like(u[:, 0]) if h0 is None else h0), []
         for u_t in u.unbind(1):  # not u[:, t]: see scan.time_steps
             h = h @ self.w_rec.T + u_t
