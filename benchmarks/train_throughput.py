@@ -61,14 +61,20 @@ def timed(fn, device) -> float:
     return time.perf_counter() - start
 
 
-def measured_peaks(device) -> tuple[float, float]:
-    """(matmul FLOP/s, copy bytes/s) of this device, measured now."""
+def matmul_peak(device, dtype=torch.float32) -> float:
+    """FLOP/s of a square product in `dtype` on this device, measured now."""
     n = 2048 if device.type == "cuda" else 1024
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
     a @ b
     reps = 20 if device.type == "cuda" else 3
     # the best of 5 timings: on a shared machine a single one reads a neighbour's load as a lower peak
-    flops = max(2 * n**3 * reps / timed(lambda: [a @ b for _ in range(reps)], device) for _ in range(5))
+    return max(2 * n**3 * reps / timed(lambda: [a @ b for _ in range(reps)], device) for _ in range(5))
+
+
+def measured_peaks(device) -> tuple[float, float]:
+    """(float32 matmul FLOP/s, copy bytes/s) of this device, measured now."""
+    flops = matmul_peak(device)
+    reps = 20 if device.type == "cuda" else 3
     x = torch.empty(2**26 if device.type == "cuda" else 2**24, device=device)
     y = torch.empty_like(x)
     y.copy_(x)
@@ -201,8 +207,11 @@ def main() -> None:
     device = torch.device(args.device)
     peak_flops, peak_bw = measured_peaks(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
-    print(f"device: {name}; torch {torch.__version__}; measured matmul peak {peak_flops / 1e9:.1f} GFLOP/s, "
-          f"copy {peak_bw / 1e9:.1f} GB/s")
+    # bfloat16 is printed beside, not used: every floor here is float32's, because a bfloat16 step does not
+    # give the float32 run's losses to rounding (issue 20's condition on every speed-up)
+    bf16 = matmul_peak(device, torch.bfloat16)
+    print(f"device: {name}; torch {torch.__version__}; measured matmul peak {peak_flops / 1e9:.1f} GFLOP/s "
+          f"(bfloat16 {bf16 / 1e9:.1f}, {bf16 / peak_flops:.1f}× float32), copy {peak_bw / 1e9:.1f} GB/s")
     targets = {e: e for e in args.entries} if args.entries else family_entries(args.families)
     for label, entry_name in targets.items():
         bench_entry(label, entry_name, args, device, peak_flops, peak_bw)
