@@ -68,7 +68,8 @@ def test_local_sweep_runs_resumes_and_reports(tmp_path):
     ckpt = zoo.load(str(tmp_path / "out" / "gated-rnn-zucchet-icl--seed1"))
     assert ckpt.provenance["seed"] == 1
     report_rows = collect([tmp_path / "out"])
-    md, raw, png = write_report(report_rows, tmp_path / "report")
+    md, raw, png, *more = write_report(report_rows, tmp_path / "report")
+    assert [f.name for f in more] == ["report-zucchet-icl-training.png"]  # the trained runs' validation curves
     assert {r["model"] for r in json.loads(raw.read_text())} == {r["model"] for r in report_rows}
     text = md.read_text()
     assert "## zucchet-icl" in text and "lsa-gd-zucchet-icl" in text and png.stat().st_size > 10_000
@@ -297,3 +298,35 @@ def test_report_analyses_skip_what_they_do_not_apply_to(tmp_path):
     sweep_json.write_text(json.dumps([{"run": "lsa-gd-zucchet-icl", "test_loss": 0.1}]))
     with pytest.raises(ValueError, match="not a report's results.json"):
         collect([sweep_json])
+
+
+def test_report_plots_validation_loss_during_training_and_times_each_decade(tmp_path):
+    """A checkpoint's training history becomes its row's validation curve (rows without a finite
+    validation loss left out), a table of the first evaluation below each decade, and a figure;
+    a history that is not a list of rows is refused, naming the file."""
+    from zoo.builder import build
+    from zoo.checkpoint import CheckpointError
+    from zoo.report import validation_curve
+
+    folder = tmp_path / "lsa"
+    build("lsa-gd-zucchet-icl", folder, progress=False)  # a construction: no history
+    assert validation_curve(folder) == [] and "val_curve" not in collect([folder])[0]
+    (folder / "training_history.json").write_text(json.dumps([
+        {"step": 100, "train_loss": 1.0, "val_loss": 0.5}, {"step": 200, "train_loss": 0.1},
+        {"step": 300, "train_loss": 0.01, "val_loss": 0.004}, {"step": 400, "train_loss": None, "val_loss": float("nan")},
+        {"step": 500, "train_loss": 1e-4, "val_loss": 2e-5}]))
+    assert validation_curve(folder) == [[100, 0.5], [300, 0.004], [500, 2e-5]]
+    rows = collect([folder])
+    fast = dict(rows[0], model="fast", val_curve=[[100, 0.05], [200, 5e-4], [500, 1e-5]])
+    md, raw, *figures = write_report([rows[0], fast], tmp_path / "report")
+    table = md.read_text().split("first evaluation below each validation loss")[1].splitlines()
+    assert table[2] == "| model | steps | last validation loss | < 1e-1 | < 1e-2 | < 1e-3 | < 1e-4 |"
+    assert table[4] == "| fast |  | 1e-05 | 100 | 200 | 200 | 500 |"
+    assert table[5] == "| lsa |  | 2e-05 | 300 | 300 | 500 | 500 |"
+    png = [f for f in figures if f.name.endswith("-training.png")]
+    assert len(png) == 1 and png[0].stat().st_size > 10_000
+    again, _, *_ = write_report(collect([raw]), tmp_path / "again")  # the curves travel in results.json
+    assert again.read_text() == md.read_text()
+    (folder / "training_history.json").write_text(json.dumps({"step": 1}))
+    with pytest.raises(CheckpointError, match="not a training history"):
+        collect([folder])

@@ -5,8 +5,10 @@ Reads checkpoint folders (or sweep folders, which hold one checkpoint per run), 
 (test loss against the task's GD and least-squares losses, and the sensitivity cosine to GD)
 in the output folder; sweeps over a task field and tasks predicted at every position
 ("triples") get a table and a figure of their own, and runs that differ only in their seed a
-mean ± std table. A `results.json` given instead of checkpoints regenerates the same report
-from its rows, with no model loaded.
+mean ± std table. Checkpoints that keep their training history get a figure of validation loss
+against step and a table of the first evaluation below each decade (how fast each learned). A
+`results.json` given instead of checkpoints regenerates the same report from its rows, with no
+model loaded.
 
 Two analyses load each checkpoint and add to its row: `input_scales` (Sushma, Tian et al.
 Figs. 1D/2D: the loss on inputs x ~ U(−α, α) beside GD's at the training η) and `weights`
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from zoo.analysis.plots import POSITION_AXIS, POSITION_CURVES, finish
 from zoo import metrics
-from zoo.checkpoint import CONFIG, EVAL_RESULTS
+from zoo.checkpoint import CONFIG, EVAL_RESULTS, HISTORY, CheckpointError, read_json
 
 COLUMNS = tuple(metrics.keys())  # every metric a checkpoint may have (zoo/metrics.py)
 POSITION_KEYS = tuple(POSITION_CURVES)  # loss against position: the model's and its baselines' (zoo/evaluate.py)
@@ -66,9 +68,30 @@ def collect(paths: list[str | Path], *, input_scales: list[float] | None = None,
             "steps": prov.get("steps"), "device": prov.get("device"),
             **{k: scores[k] for k in (*COLUMNS, *POSITION_KEYS, "polynomial", "gd_eta") if k in scores},
         })
+        curve = validation_curve(folder)
+        if curve:
+            rows[-1]["val_curve"] = curve
         if input_scales or weights:
             rows[-1].update(_analyses(folder, input_scales, weights))
     return rows
+
+
+def validation_curve(folder: Path) -> list[list[float]]:
+    """[step, validation loss] at each of a checkpoint's evaluations during training (its
+    training_history.json, size-checked and contained like every checkpoint file); [] without one.
+    Rows with no finite validation loss (evaluations are every `eval_every` steps; a diverged one
+    reads NaN) are left out; a history that is not a list of rows is an error naming the file."""
+    history = read_json(folder, HISTORY)
+    if history is None:
+        return []
+    if not isinstance(history, list) or not all(isinstance(r, dict) for r in history):
+        raise CheckpointError(f"{folder / HISTORY}: not a training history (a list of rows)")
+    curve = []
+    for r in history:
+        step, loss = r.get("step"), r.get("val_loss")
+        if isinstance(step, int) and isinstance(loss, (int, float)) and not isinstance(loss, bool) and math.isfinite(loss):
+            curve.append([step, float(loss)])
+    return curve
 
 
 def _analyses(folder: Path, input_scales: list[float] | None, weights: bool) -> dict:
@@ -208,6 +231,11 @@ def write_report(rows: list[dict], out: Path) -> list[Path]:
     for (base, field), variants in _task_scans(rows).items():
         lines += _scan_table(base, field, variants)
         figures.append(_scan_figure(base, field, variants, out / f"report-{base}-{field}.png"))
+    for task in tasks:
+        group = [r for r in rows if r["task"] == task and r.get("val_curve")]
+        if group:
+            lines += _training_table(task, group)
+            figures.append(_training_figure(task, group, out / f"report-{task}-training.png"))
     lines += _seed_table(rows)
     if any("input_scale_curve" in r for r in rows):
         lines += _input_scale_table(rows)
@@ -290,6 +318,38 @@ def _position_figure(task: str, group: list[dict], path: Path) -> Path:
     ax.set_ylim(bottom=lowest / 3)  # noise-free least squares is exact (~1e-15) once t ≥ d_x
     return finish(fig, ax, path, xlabel=POSITION_AXIS, title=f"{task}: loss against position", legend_size=7,
                   grid=False, dpi=110)
+
+
+def _training_table(task: str, group: list[dict]) -> list[str]:
+    """The first evaluation at which each run's validation loss fell below each decade: how fast it
+    learned, which a final loss alone does not show (runs that end level can differ by decades on the way)."""
+    lowest = min(loss for r in group for _, loss in r["val_curve"])
+    if lowest <= 0:
+        return []
+    deepest = 1  # 1e-1 … the deepest decade some run got below
+    while deepest < 12 and lowest < 10.0 ** -(deepest + 1):
+        deepest += 1
+    decades = range(max(1, deepest - 9), deepest + 1)  # at most ten columns: the deepest ones
+    lines = [f"## {task}: first evaluation below each validation loss", "",
+             "| model | steps | last validation loss | " + " | ".join(f"< 1e-{k}" for k in decades) + " |",
+             "|" + "---|" * (len(decades) + 3)]
+    for r in sorted(group, key=lambda r: r["val_curve"][-1][1]):
+        first = [next((step for step, loss in r["val_curve"] if loss < 10.0 ** -k), None) for k in decades]
+        lines.append(f"| {r['model']} | {_fmt(r.get('steps'))} | {r['val_curve'][-1][1]:.4g} | "
+                     + " | ".join("—" if s is None else f"{s:,}" for s in first) + " |")
+    return [*lines, "", "(— : not reached)", ""]
+
+
+def _training_figure(task: str, group: list[dict], path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, r in enumerate(sorted(group, key=lambda r: r["val_curve"][-1][1])):
+        steps, losses = zip(*r["val_curve"])
+        ax.plot(steps, losses, color=f"C{i % 10}", lw=1.3, label=r["model"])
+    ax.set_yscale("log")
+    return finish(fig, ax, path, xlabel="training step", ylabel="validation loss  (½·MSE)",
+                  title=f"{task}: validation loss during training", legend_size=7, dpi=110)
 
 
 def _natural(name: str) -> list:
