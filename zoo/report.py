@@ -232,7 +232,8 @@ def write_report(rows: list[dict], out: Path) -> list[Path]:
         lines += _scan_table(base, field, variants)
         figures.append(_scan_figure(base, field, variants, out / f"report-{base}-{field}.png"))
     for task in tasks:
-        group = [r for r in rows if r["task"] == task and r.get("val_curve")]
+        # best last validation loss first, in the table and the legend alike
+        group = sorted((r for r in rows if r["task"] == task and r.get("val_curve")), key=lambda r: r["val_curve"][-1][1])
         if group:
             lines += _training_table(task, group)
             figures.append(_training_figure(task, group, out / f"report-{task}-training.png"))
@@ -333,7 +334,7 @@ def _training_table(task: str, group: list[dict]) -> list[str]:
     lines = [f"## {task}: first evaluation below each validation loss", "",
              "| model | steps | last validation loss | " + " | ".join(f"< 1e-{k}" for k in decades) + " |",
              "|" + "---|" * (len(decades) + 3)]
-    for r in sorted(group, key=lambda r: r["val_curve"][-1][1]):
+    for r in group:
         first = [next((step for step, loss in r["val_curve"] if loss < 10.0 ** -k), None) for k in decades]
         lines.append(f"| {r['model']} | {_fmt(r.get('steps'))} | {r['val_curve'][-1][1]:.4g} | "
                      + " | ".join("—" if s is None else f"{s:,}" for s in first) + " |")
@@ -344,7 +345,7 @@ def _training_figure(task: str, group: list[dict], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for i, r in enumerate(sorted(group, key=lambda r: r["val_curve"][-1][1])):
+    for i, r in enumerate(group):
         steps, losses = zip(*r["val_curve"])
         ax.plot(steps, losses, color=f"C{i % 10}", lw=1.3, label=r["model"])
     ax.set_yscale("log")
