@@ -23,13 +23,15 @@ import io
 import json
 import logging
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import onnx
 import torch
 
 from icl_zoo_export.scan_graph import scan_step_graph  # noqa: F401  (re-exported)
-from zoo.manifest import CHUNK_FILE, SEQUENCE_FILE, STEP_FILE, read_config_core, write_config
+from zoo.atomic import replace_folder
+from zoo.manifest import CHUNK_FILE, CONFIG, HASHED_FILES, SEQUENCE_FILE, STEP_FILE, read_config_core, write_config
 from zoo.models.scan import EXPORT_MAX_LEN, export_length, length_guard
 
 OPSET = 18
@@ -219,11 +221,28 @@ def export_checkpoint_graphs(ckpt, folder: Path) -> list[Path]:
     return written
 
 
-def save_checkpoint(ckpt, folder: Path) -> Path:
+# What a save writes, hence never carried over from the folder it replaces: a stale history or graph
+# would otherwise be listed with a hash for weights it does not belong to.
+ZOO_FILES = frozenset({CONFIG, "README.md", *HASHED_FILES})  # README.md: the card (zoo.card)
+
+
+def not_zoo_file(name: str) -> bool:
+    """Kept from the folder a save replaces: a user's notes, `.train/` (resumable training state), figures."""
+    return name not in ZOO_FILES
+
+
+def save_checkpoint(ckpt, folder: Path, *, keep: Callable[[str], bool] = not_zoo_file) -> Path:
     """A checkpoint's whole Hub repo folder: what `Checkpoint.save_pretrained` writes (weights, eval
     results, history, card) and its ONNX graphs, every file's SHA-256 in config.json. `zoo build`,
-    `zoo export` and the release save through this; the checkpoint layer itself writes no ONNX."""
-    return ckpt.save_files(folder, graphs=export_checkpoint_graphs)
+    `zoo export` and the release save through this; the checkpoint layer itself writes no ONNX.
+
+    Written into a hidden sibling and swapped in whole (zoo.atomic.replace_folder): an error or a kill
+    at any point leaves the folder's previous checkpoint loadable. Of the previous folder, the entries
+    `keep(name)` accepts and the new save did not write are copied over (by default everything but
+    the zoo's own files: as when saves were written in place); `keep=lambda name: False` replaces
+    the folder entirely."""
+    replace_folder(folder, lambda staged: ckpt.save_files(staged, graphs=export_checkpoint_graphs), keep=keep)
+    return Path(folder)
 
 
 def write_graphs(ckpt, folder: Path) -> list[Path]:

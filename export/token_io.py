@@ -5,12 +5,26 @@ per line, as CSV (`0.1,0.2,…`) or JSON (`[0.1, 0.2, …]`), from a file or std
 processed and answered as it arrives. Every malformed line is an error that names its line
 number. Non-finite values (NaN, ±inf) are refused by default (`nan="refuse"`) or passed to the
 model as they are (`nan="pass"`: the outputs, and the state from then on, are then NaN too).
+A text line longer than a token of d_in numbers can take is refused before it is read whole.
+
+Outputs: CSV rows on stdout as they are computed, or a .npy / CSV file written beside its target
+and renamed onto it only when the stream ends well (a failed or interrupted run leaves no file,
+and an existing one as it was). A saved state (.npz) is checked against the graph's state names
+and shapes from its headers before any array is read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import stat
 import sys
+import tempfile
+import threading
+import zipfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
@@ -18,6 +32,13 @@ from typing import TextIO
 import numpy as np
 
 CHUNK = 1000  # tokens per push when reading .npy files
+CHUNK_VALUES = 1 << 22  # most values per push from a .npy file (16 MiB of float32): many streams get fewer tokens
+# A text token is d_in numbers; no number needs more than MAX_VALUE_CHARS characters ("-1.2345678901234567e-308"
+# takes 24), so a line longer than max_line_chars(d_in) is refused before the rest of it is read.
+MAX_VALUE_CHARS = 64
+LINE_SLACK = 64  # brackets, surrounding whitespace and the line end
+UNKNOWN_WIDTH_LINE = 1 << 20  # the longest line while the width is not yet known (read_tokens' first line)
+STATE_MEMBER_SLACK = 1 << 14  # a saved state's member: its .npy header (numpy caps it at 10,000 bytes) and zip entry
 
 
 class TokenError(ValueError):
@@ -89,27 +110,55 @@ def parse_line(line: str, where: str) -> np.ndarray:
         raise TokenError(f"{where}: expected comma-separated numbers or a JSON list, got {text[:60]!r}") from None
 
 
-def _numbered(lines, source: str):
+def max_line_chars(d_in: int) -> int:
+    """The longest text line a token of d_in numbers may take: each number at most MAX_VALUE_CHARS
+    characters with a separator and a space after it, plus LINE_SLACK."""
+    return d_in * (MAX_VALUE_CHARS + 2) + LINE_SLACK
+
+
+def _line_limit(d_in: int | None) -> list:
+    """[most characters of a line, why]."""
+    if d_in is None:
+        return [UNKNOWN_WIDTH_LINE, "the most read before the token width is known"]
+    return [max_line_chars(d_in), f"the most a token of {d_in} numbers takes (at most {MAX_VALUE_CHARS} characters each)"]
+
+
+def _numbered(lines, source: str, limit: list):
+    """(line number, line) with each line read up to limit[0] characters: a longer one is refused
+    without reading the rest of it into memory (the limit may tighten as the width becomes known)."""
+    readline = getattr(lines, "readline", None)
+    if readline is None:  # a plain iterable of strings: already in memory
+        rest = iter(lines)
+        readline = lambda _limit: next(rest, "")
     number = 0
     try:
-        for number, line in enumerate(lines, 1):
+        while True:
+            line = readline(limit[0] + 1)
+            if not line:
+                return
+            number += 1
+            if len(line) > limit[0] and line[-1] != "\n":
+                raise TokenError(f"{source}:{number}: line longer than {limit[0]} characters, {limit[1]}; refusing it")
             yield number, line
     except UnicodeDecodeError:
         raise TokenError(f"{source}:{number + 1}: not UTF-8 text (a binary file? .npy inputs need the .npy suffix)") from None
 
 
 def iter_lines(lines, source: str, *, d_in: int | None, nan: str = "refuse") -> Iterator[tuple[int, np.ndarray]]:
-    """(line number, token (d_in,)) for every non-empty line, checked as it is read."""
+    """(line number, token (d_in,)) for every non-empty line, checked as it is read; a line longer
+    than a token of d_in numbers can take (max_line_chars) is refused before it is read whole."""
     if nan not in ("refuse", "pass"):
         raise ValueError(f"nan must be 'refuse' or 'pass', got {nan!r}")
     width = d_in
-    for number, line in _numbered(lines, source):
+    limit = _line_limit(d_in)
+    for number, line in _numbered(lines, source, limit):
         if not line.strip():
             continue
         where = f"{source}:{number}"
         token = parse_line(line, where)
         if width is None:
             width = token.shape[0]
+            limit[:] = _line_limit(width)
         if token.shape != (width,):
             raise TokenError(f"{where}: a token has {width} values (d_in), this line has {token.shape[0]}")
         if nan == "refuse" and not np.isfinite(token).all():
@@ -129,9 +178,11 @@ def iter_array_chunks(source: str, *, d_in: int, nan: str = "refuse") -> tuple[t
     if arr.shape[2] != d_in:
         raise TokenError(f"{source}: tokens have {arr.shape[2]} values, the model takes d_in = {d_in}")
 
+    step = max(1, min(CHUNK, CHUNK_VALUES // max(1, arr.shape[0] * d_in)))  # many streams: fewer tokens per push
+
     def chunks():
-        for start in range(0, arr.shape[1], CHUNK):
-            chunk = np.asarray(arr[:, start : start + CHUNK], dtype=np.float32)
+        for start in range(0, arr.shape[1], step):
+            chunk = np.asarray(arr[:, start : start + step], dtype=np.float32)
             if nan == "refuse" and not np.isfinite(chunk).all():
                 t = start + int(np.argwhere(~np.isfinite(chunk))[0][1])
                 raise TokenError(f"{source}: non-finite value at token {t}; pass --nan pass to feed it anyway")
@@ -140,21 +191,102 @@ def iter_array_chunks(source: str, *, d_in: int, nan: str = "refuse") -> tuple[t
     return arr.shape, chunks()
 
 
+def _default_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+class PendingFile:
+    """A file written under a temporary name beside `target` (symlinks followed, as open() would) and
+    renamed onto it by commit(): the target holds its old contents or the whole new file, never a
+    part; discard() removes the temporary file. A target that exists and is not a regular file (a
+    pipe, a terminal, /dev/null) is written directly (`direct`): there is nothing to rename there."""
+
+    def __init__(self, target: str | Path):
+        try:
+            mode = os.stat(target).st_mode  # through symlinks: /dev/stdout, a link to a file
+        except OSError:
+            mode = None
+        if mode is not None and stat.S_ISDIR(mode):
+            raise TokenError(f"{target}: is a folder, not a file to write")
+        self.direct = mode is not None and not stat.S_ISREG(mode)
+        if self.direct:
+            self.path = self.target = Path(target)
+            return
+        self.target = Path(os.path.realpath(target))
+        try:
+            mode = stat.S_IMODE(self.target.stat().st_mode) if self.target.exists() else _default_mode()
+            fd, name = tempfile.mkstemp(dir=self.target.parent, prefix=f".{self.target.name[:64]}.", suffix=".part")
+        except OSError as e:
+            raise TokenError(f"{target}: cannot write it ({e.strerror})") from None
+        try:
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+        self.path = Path(name)
+
+    def commit(self) -> None:
+        if not self.direct:
+            os.replace(self.path, self.target)
+
+    def discard(self) -> None:
+        if not self.direct:
+            self.path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def signals_unwind():
+    """SIGTERM and SIGHUP raise SystemExit(128 + signal) while the block runs, so that `finally` and
+    `except` clauses (a PendingFile's discard) run instead of the process dying where it stands."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def unwind(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signals = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
+    previous = {sig: signal.signal(sig, unwind) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 class OutputWriter:
     """Outputs as CSV rows (one per step; batch > 1: the streams side by side) on stdout or a file,
-    or into a .npy file of known shape."""
+    or into a .npy file of known shape. A file is written beside its target and renamed onto it by
+    close(); abort() removes it, leaving an existing target untouched (see PendingFile)."""
 
     def __init__(self, target: str | None, shape: tuple[int, int, int] | None = None):
         self.target = target
         self.npy = None
+        self.out = None
+        self.pending = None
         self.t = 0
         if target and Path(target).suffix == ".npy":
             if shape is None:
                 raise TokenError(f"{target}: .npy output needs a .npy input (its length must be known up front)")
-            self.npy = np.lib.format.open_memmap(target, mode="w+", dtype=np.float32, shape=shape)
-            self.out = None
+            self.pending = PendingFile(target)
+            if self.pending.direct:
+                raise TokenError(f"{target}: .npy output must go to a regular file")
+            try:
+                self.npy = np.lib.format.open_memmap(self.pending.path, mode="w+", dtype=np.float32, shape=shape)
+            except BaseException:
+                self.pending.discard()
+                raise
+        elif target:
+            self.pending = PendingFile(target)
+            try:
+                self.out = open(self.pending.path, "w")  # noqa: SIM115 - open until close() or abort()
+            except BaseException:
+                self.pending.discard()
+                raise
         else:
-            self.out = open(target, "w") if target else sys.stdout
+            self.out = sys.stdout
+        self.live = self.pending is None or self.pending.direct  # a reader sees each row as it is written
 
     def write(self, values: np.ndarray, *, flush: bool = False) -> None:
         """values (B, T, k)."""
@@ -163,21 +295,91 @@ class OutputWriter:
         else:
             rows = values.transpose(1, 0, 2).reshape(values.shape[1], -1)
             np.savetxt(self.out, rows, delimiter=",", fmt="%.8g")
-            if flush:
+            if flush and self.live:
                 self.out.flush()
         self.t += values.shape[1]
 
     def close(self) -> None:
+        """Finish the output: a file is renamed onto its target only now."""
         if self.npy is not None:
             self.npy.flush()
-        elif self.target:
+            self.npy = None
+        elif self.pending is not None:
             self.out.close()
         else:
             self.out.flush()
+        if self.pending is not None:
+            self.pending.commit()
+
+    def abort(self) -> None:
+        """Stop without a result: the temporary file is removed, an existing target left as it was."""
+        self.npy = None
+        try:
+            if self.pending is not None:
+                if self.out is not None:
+                    self.out.close()
+            elif self.out is not None:
+                self.out.flush()
+        except OSError:  # a closed pipe: nothing more to say to it
+            pass
+        finally:
+            if self.pending is not None:
+                self.pending.discard()
 
 
-def write_outputs(values: np.ndarray, target: str | None) -> None:
-    """(B, T, k) outputs at once to .npy or CSV."""
-    writer = OutputWriter(target, tuple(values.shape))
-    writer.write(values)
-    writer.close()
+def read_state(path: str, expected: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+    """A state saved by `zoo stream --state-out` (.npz), checked against the graph's state names and
+    shapes (`expected`) from the zip directory and each member's .npy header before any array is
+    read: a file that does not fit is refused at the cost of its headers, and one that fits costs
+    the state's own size. Members are real-number arrays (never pickles, never object dtypes)."""
+    try:
+        info = os.stat(path)
+    except OSError as e:
+        raise TokenError(f"{path}: cannot read it ({e.strerror})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise TokenError(f"{path}: not a regular file; --state-in takes the .npz that --state-out wrote")
+    budget = {name: int(np.prod(shape, dtype=object)) * 8 + STATE_MEMBER_SLACK for name, shape in expected.items()}
+    if info.st_size > sum(budget.values()) + STATE_MEMBER_SLACK:
+        raise TokenError(f"{path}: {info.st_size} bytes, more than a state of this graph takes "
+                         f"({', '.join(f'{k} {v}' for k, v in expected.items())}); not a saved state of this model")
+    members = {f"{name}.npy": name for name in expected}
+    state = {}
+    try:
+        with zipfile.ZipFile(path) as archive:
+            entries = archive.infolist()
+            names = [e.filename for e in entries]
+            if sorted(names) != sorted(members):
+                shown = ", ".join(n.removesuffix(".npy") for n in names[:8]) + (", …" if len(names) > 8 else "")
+                raise TokenError(f"{path}: holds the arrays [{shown}]; the graph's state is exactly "
+                                 f"[{', '.join(expected)}]")
+            for entry in entries:
+                name = members[entry.filename]
+                shape = expected[name]
+                if entry.file_size > budget[name]:
+                    raise TokenError(f"{path}: array {name!r} declares {entry.file_size} bytes uncompressed, more than "
+                                     f"a {shape} array takes; refusing it")
+                with archive.open(entry) as f:
+                    version = np.lib.format.read_magic(f)
+                    if version == (1, 0):
+                        got, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+                    elif version == (2, 0):
+                        got, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+                    else:
+                        raise TokenError(f"{path}: array {name!r} has .npy format {version}; expected 1.0 or 2.0")
+                    if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None \
+                            or dtype.kind not in "fiu" or dtype.itemsize > 8:
+                        raise TokenError(f"{path}: array {name!r} has dtype {dtype}; a state holds real numbers")
+                    if tuple(got) != tuple(shape):
+                        raise TokenError(f"{path}: state {name!r} has shape {tuple(got)}, the graph's is {tuple(shape)}")
+                    size = int(np.prod(shape, dtype=object)) * dtype.itemsize
+                    data = f.read(size + 1)  # to the end when it fits, which checks the member's CRC
+                    if len(data) != size:
+                        raise TokenError(f"{path}: array {name!r} holds {'more' if len(data) > size else 'fewer'} "
+                                         f"bytes than its header's {shape} {dtype}")
+                state[name] = np.frombuffer(data, dtype).reshape(shape, order="F" if fortran else "C").copy()
+    except TokenError:
+        raise
+    except (zipfile.BadZipFile, zlib.error, ValueError, EOFError, OSError, NotImplementedError) as e:
+        detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise TokenError(f"{path}: not a readable .npz state ({detail})") from None
+    return state

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Paper-length versions of results that so far ran only short on a 2-core CPU (none of this has run
 # yet): teacher-student d = 4 at 1M steps with the paper's ν lr and with 10× it (reports/zucchet-2023/table-1.md),
-# Table 2 with four seeds (table-2.md), Figure 5 over the full size grid (figure-5.md), the context-size
+# Table 2 with four seeds at the paper's own recipe (the -b1 entry, AdamW; table-2.md), Figure 5 over the full size grid (figure-5.md), the context-size
 # rows (reports/blogpost-2024/figure-9.md), the GD-SSM baselines, feature dimension and sine waves
 # (reports/sushma-tian-2024/), Sushma's Figures 1.C (N = N_x) and 2.C (n_o = f) at the paper's recipe, Zucchet's
 # Figures 3.A, 3.B below 16 neurons and 4.A (sweeps/figure-3a.toml, figure-3b-small.toml, figure-4a.toml), and the blogpost's depth sweeps of
@@ -27,7 +27,7 @@ launch)
   start() { name=$1; shift; setsid nohup bash -c "$(declare -f zoo); $*" >$RUNS/$name.log 2>&1 < /dev/null & }
   start ts           "zoo sweep sweeps/teacher-student-d4.toml --out $RUNS/ts --quiet"   # B.1: ν at the lr
   start ts-nu-lr-1e-2 "zoo sweep sweeps/teacher-student-d4.toml --set source.recurrent_lr=1e-2 --out $RUNS/ts-nu-lr-1e-2 --quiet"
-  start table-2    "zoo sweep sweeps/table-2.toml --out $RUNS/table-2 --quiet;
+  start table-2    "zoo sweep sweeps/table-2-paper-recipe.toml --out $RUNS/table-2-paper-recipe --quiet;
                     zoo sweep sweeps/gd-ssm-feature-dim.toml --steps 100000 --seeds 0 1 2 --out $RUNS/feature-dim --quiet;
                     zoo sweep sweeps/gd-ssm-feature-dim-key.toml --steps 100000 --seeds 0 1 2 --out $RUNS/feature-dim-key --quiet;
                     zoo sweep sweeps/gd-ssm-sine.toml --steps 30000 $GDSSM_LR --out $RUNS/sine --quiet"

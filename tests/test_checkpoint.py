@@ -144,13 +144,13 @@ def test_save_checkpoint_writes_exactly_the_released_files(tmp_path, monkeypatch
     out = save_checkpoint(ckpt, tmp_path / name)
     released = sorted(p.name for p in (release_dir() / name).iterdir())
     assert sorted(p.name for p in out.iterdir()) == released
-    files = verify_files(out)["files"]
+    files = verify_files(out).config["files"]
     assert set(GRAPH_FILES) <= set(files)
     assert "from icl_zoo_export import StreamingSession" in (out / "README.md").read_text()
 
     ckpt.save_pretrained(out)  # the huggingface_hub path: no graphs, none left behind unhashed or stale
     assert not any((out / g).exists() for g in GRAPH_FILES)
-    assert not set(GRAPH_FILES) & set(verify_files(out)["files"])
+    assert not set(GRAPH_FILES) & set(verify_files(out).config["files"])
     assert "StreamingSession" not in (out / "README.md").read_text()
     assert zoo.load(out).metrics == ckpt.metrics
     assert Checkpoint.from_pretrained(str(out)).metrics == ckpt.metrics  # the huggingface_hub way in

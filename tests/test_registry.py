@@ -185,3 +185,100 @@ def test_a_construction_on_the_wrong_type_of_a_family_names_the_type_it_needs():
     source = Construction(kind="constructed", construction="lstm_from_lsa")
     assert construction_problem(gru, get_task_spec(entry.task), source) == "'lstm_from_lsa' needs arch type 'lstm'"
     assert construction_problem(entry.arch, get_task_spec(entry.task), source) is None
+
+
+# ---------------------------------------------------------------- expected values: their source and their claim
+EXPECTED_ENTRY = GOOD_TASK + """
+[models.m]
+paper = "p"
+task = "t"
+arch = { type = "lsa" }
+source = { kind = "constructed", construction = "gd" }
+"""
+
+
+@pytest.mark.parametrize("expected, message", [
+    ("value = 0.5\nrel_tol = 0.03", "field 'source' is required"),
+    ('value = 0.5\nrel_tol = 0.03\nsource = "paper"', "needs the paper's words (quote) and where they are (section)"),
+    ('value = 0.5\nrel_tol = 0.03\nsource = "reference"', "a reference value needs a note"),
+    ('value = 0.5\nsource = "reference"\nnote = "closed form"', "kind 'within' needs one tolerance"),
+    ('value = 0.5\nsource = "reference"\nnote = "n"\nkind = "paired_gd"', "gd_value"),
+])
+def test_an_expected_value_says_where_it_comes_from(tmp_path, expected, message):
+    write(tmp_path, EXPECTED_ENTRY + "[models.m.expected.test_loss]\n" + expected + "\n")
+    with pytest.raises(RegistryError, match="fam.toml: entry 'm': field 'expected.test_loss': .*" + re.escape(message)):
+        load_registry(tmp_path)
+
+
+def test_every_registry_expected_value_is_sourced():
+    for entry in list_entries():
+        for key, exp in entry.expected.items():
+            assert exp.source in ("paper", "reference"), (entry.name, key)
+            if exp.source == "paper":
+                assert exp.quote and exp.section, (entry.name, key)
+
+
+def test_deviations_are_declared_once_and_named(tmp_path):
+    dev = '[deviations.d]\nwhat = "w"\npaper = "the paper says"\nzoo = "the zoo does"\nwhy = "because"\n'
+    write(tmp_path, dev + EXPECTED_ENTRY + 'deviation = ["d"]\n')
+    (entry,) = load_registry(tmp_path).entries.values()
+    assert [(d.id, d.paper, d.zoo, d.why) for d in entry.deviation] == [("d", "the paper says", "the zoo does", "because")]
+    write(tmp_path, dev + EXPECTED_ENTRY + 'deviation = ["nope"]\n')
+    with pytest.raises(RegistryError, match=r"field 'deviation': no \[deviations.nope\]"):
+        load_registry(tmp_path)
+    write(tmp_path, dev + EXPECTED_ENTRY)
+    with pytest.raises(RegistryError, match=r"\[deviations.d\] is declared but no entry names it"):
+        load_registry(tmp_path)
+    write(tmp_path, dev.replace('why = "because"\n', "") + EXPECTED_ENTRY + 'deviation = ["d"]\n')
+    with pytest.raises(RegistryError, match="field 'deviation.0': .*'why'"):
+        load_registry(tmp_path)
+
+
+def test_the_fingerprint_covers_only_what_determines_the_weights():
+    """Expected values, tolerances, notes, declared departures and a task's description are documentation:
+    changing them never makes a released entry stale (zoo release refresh re-renders cards and index)."""
+    from zoo.registry import definition_sha256, get_task_spec
+
+    entry = get_entry("gated-rnn-zucchet-icl")
+    data, task = entry.model_dump(mode="json"), get_task_spec(entry.task).model_dump(mode="json")
+    base = definition_sha256(data, task)
+    edited = {**data, "expected": {}, "deviation": [], "description": "other", "paper": "other"}
+    assert definition_sha256(edited, {**task, "description": "other", "paper": "other"}) == base
+    assert definition_sha256({**data, "source": {**data["source"], "lr": 2e-3}}, task) != base
+    assert definition_sha256(data, {**task, "n_context": 11}) != base
+
+
+def test_a_checkpoint_of_an_older_zoo_still_validates():
+    """config.json of earlier releases: expected values without a source, a deviation as one sentence."""
+    from zoo.registry import Entry
+
+    data = get_entry("gated-rnn-zucchet-icl").model_dump(mode="json")
+    data["expected"] = {"test_loss": {"value": 0.0945, "rel_tol": 0.03, "log10_tol": None, "note": ""}}
+    data["deviation"] = "Adam with L2"
+    entry = Entry.model_validate(data)
+    assert entry.expected["test_loss"].source is None and entry.deviation[0].zoo == "Adam with L2"
+
+
+def test_claims_are_checked_as_what_they_are():
+    from zoo.expected import check, verdict
+    from zoo.registry import Entry, Expected
+
+    def entry(**expected):
+        data = get_entry("lsa-gd-zucchet-icl").model_dump(mode="json")
+        return Entry.model_validate({**data, "expected": expected})
+
+    paper = {"source": "paper", "quote": "q", "section": "s"}
+    bound = entry(test_loss=Expected(value=5e-8, kind="at_most", log10_tol=1.0, **paper))
+    (c,) = check(bound, {"test_loss": 1.6e-9})  # 1.5 decades below an upper bound: it holds
+    assert (c.status, c.meets) == ("meets", True) and verdict([c]) == "meets"
+    (c,) = check(bound, {"test_loss": 0.0})  # no log-scale comparison: not checkable, not a pass
+    assert c.status == "not checkable" and not c.meets and verdict([c]) == "meets where checkable"
+    ref = entry(test_loss=Expected(value=0.825, rel_tol=0.03, source="reference", note="closed form"))
+    (c,) = check(ref, {"test_loss": 0.9})
+    assert c.status == "differs from the reference" and verdict([c]) == "differs from the reference"
+    paired = entry(test_loss=Expected(value=0.0945, gd_value=0.0947, kind="paired_gd", **paper))
+    (c,) = check(paired, {"test_loss": 0.1, "gd_loss": 0.1})
+    assert c.status == "not checkable"  # no paired difference measured
+    ok = {"gd_loss": 0.1, "gd_paired_diff": 1e-5, "gd_paired_se": 2e-5, "gd_paired_n": 10_000}
+    assert check(paired, ok)[0].meets  # +0.01% ± 0.02%: within the paper's 0.21% gap
+    assert not check(paired, {**ok, "gd_paired_diff": 1e-3, "gd_paired_se": 1e-5})[0].meets  # +1% ± 0.01%

@@ -18,7 +18,7 @@ import zoo
 from zoo import hub, release
 from zoo.checkpoint import read_checkpoint
 from zoo.evaluate import rescore
-from zoo.expected import check
+from zoo.expected import PAIRED_KEYS, check, verdict
 from zoo.models import FAMILY_OF_TYPE
 from zoo.registry import RegistryError, default_registry
 from zoo.tasks.frozen import load_split_from_hub
@@ -44,13 +44,24 @@ def test_every_registry_entry_is_released_and_current():
     for name, row in INDEX["entries"].items():  # the arch type, and the family module that builds it
         arch_type = registry[name].arch.type
         assert (row["arch"], row["family"]) == (arch_type, FAMILY_OF_TYPE[arch_type].name), name
-        # the verdicts are those of the registry's current paper values and tolerances
+        # the verdicts are those of the registry's current expected values, sources, kinds and tolerances, on the
+        # released measurements (eval_results.json, and what refresh measured beyond it: the paired gap to GD)
         metrics = json.loads((release.release_dir() / name / "eval_results.json").read_text())
-        assert row["checks"] == [c.as_dict() for c in check(registry[name], metrics)], f"{name}: run `zoo release refresh`"
+        remeasured = row.get("remeasured") or {}
+        assert set(remeasured) <= set(PAIRED_KEYS), (name, remeasured)
+        checks = check(registry[name], {**metrics, **remeasured})
+        assert row["checks"] == [c.as_dict() for c in checks], f"{name}: run `zoo release refresh`"
+        assert row["verdict"] == verdict(checks), name
+        assert row.get("deviations") == [d.what for d in registry[name].deviation], f"{name}: run `zoo release refresh`"
         card = (release.release_dir() / name / "README.md").read_text()  # and the card says the same
-        for c in row["checks"]:
-            verdict = "meets" if c["meets"] else "falls short"
-            assert f"({c['tolerance']}) → measured" in card and f"**{verdict}** ({c['off_by']})" in card, (name, c)
+        for c in checks:
+            assert f"({c.tolerance}) → measured {c.measured_text}: **{c.status}** ({c.off_by})" in card, (name, c)
+            if c.source == "paper":  # graded against the paper, quoted
+                assert f"“{c.quote}”" in card and c.status in ("meets", "falls short", "not checkable"), (name, c)
+            else:  # a reference is never a paper verdict
+                assert c.source == "reference" and c.status.endswith("the reference") or c.status == "not checkable", (name, c)
+        for d in registry[name].deviation:  # every declared departure, in full
+            assert d.zoo in card and d.paper in card, (name, d.id)
         history = (release.release_dir() / name / "training_history.json")
         skipped = sum(r.get("skipped", 0) for r in json.loads(history.read_text())) if history.exists() else 0
         assert (f"{skipped:,} of its steps were skipped" in card) == (skipped > 0), f"{name}: run `zoo release refresh`"
@@ -74,10 +85,11 @@ def served(tmp_path_factory):
 
 def _test_split(served, ckpt):
     task = ckpt.entry.task
-    if task not in served["splits"]:  # one datasets.load_dataset per task, content hash checked
+    if task not in served["splits"]:  # one download per task: sizes and schema, then the registry's content hash
+        spec = default_registry().tasks[task]
         served["splits"][task] = load_split_from_hub(
             f"{release.ORG}/{task}", split="test", revision=INDEX["version"], endpoint=served["endpoint"],
-            expected_sha256=ckpt.provenance["dataset_hashes"]["test"])
+            expected_sha256=spec.splits["test"].sha256, spec=spec)
     return served["splits"][task]
 
 
@@ -99,8 +111,8 @@ def test_released_entry_pulls_rescores_and_streams(served, name):
     assert metrics["test_loss"] == pytest.approx(card["test_loss"], rel=RESCORE_REL.get(name, 1e-6), abs=1e-12)
     assert row["test_loss"] == card["test_loss"]
     assert f"{card['test_loss']:.6g}" in (folder / "README.md").read_text()
-    if ckpt.entry.source.kind == "constructed":  # constructions must meet the papers' values
-        failed = [c for c in check(ckpt.entry, metrics) if not c.meets]
+    if ckpt.entry.source.kind == "constructed":  # constructions must meet their paper values and match their references
+        failed = [c for c in check(default_registry().entries[name], metrics) if not c.meets]
         assert not failed, failed
 
     # ONNX against torch on the test prompts: whole-sequence graph, and the step graph token by token.
@@ -159,7 +171,7 @@ print(len(ds), bare.metrics["test_loss"] == ckpt.metrics["test_loss"], gap < 1e-
     assert out.stdout.split()[-3:] == ["10000", "True", "True"], out.stdout
     pull = subprocess.run([sys.executable, "-m", "zoo.cli", "pull", "icl-zoo/lsa-gd-zucchet-icl", "--revision",
                            INDEX["version"]], env=env, capture_output=True, text=True, timeout=300)
-    assert pull.returncode == 0 and "hashes verified" in pull.stdout, pull.stderr[-2000:]
+    assert pull.returncode == 0 and f"verified against release {INDEX['version']}" in pull.stdout, pull.stderr[-2000:]
 
 
 # ---------------------------------------------------------------- loading by bare name, offline

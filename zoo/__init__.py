@@ -5,6 +5,7 @@
     ckpt = zoo.build("lsa-gd-d10-c10", out="ckpt/lsa-gd")   # construct or train, evaluate, save
     ckpt = zoo.load("ckpt/lsa-gd")          # a folder or a Hub repo id; hashes and shapes verified
     ckpt = zoo.load("gated-rnn-zucchet-icl")  # a released checkpoint, by bare entry name
+    result = zoo.evaluate(model, task="zucchet-icl")   # any model (ONNX, torch, a function) on a frozen split
 """
 
 from zoo.version import __version__
@@ -17,6 +18,10 @@ def __getattr__(name: str):
         from zoo import registry
 
         return getattr(registry, name)
+    if name == "evaluate":  # the submodule zoo/evaluate.py, which is callable: it scores any model (zoo.score)
+        from importlib import import_module
+
+        return import_module("zoo.evaluate")
     raise AttributeError(f"module 'zoo' has no attribute {name!r}")
 
 
@@ -31,11 +36,27 @@ def load(path_or_repo, *, revision: str | None = None, endpoint: str | None = No
 
     A bare name (`zoo.load("gated-rnn-zucchet-icl")`) gives the released checkpoint: from the
     configured Hub (`endpoint` or HF_ENDPOINT) as `icl-zoo/<name>` at the release tag when one is
-    set, otherwise from the release shipped with the package; hash-verified, never rebuilt."""
+    set, otherwise from the release shipped with the package; never rebuilt.
+
+    A released entry, by bare name or as `icl-zoo/<entry>` at any revision, must match the shipped
+    `release/index.json` file for file, or is refused; anything else is checked only against its own
+    config.json. `ckpt.trust` says which ("verified against release v…" or "self-consistent, not
+    checked against a release")."""
     from zoo.checkpoint import read_checkpoint
-    from zoo.release import resolve
+    from zoo.locate import locate
+    from zoo.registry import default_registry, unknown_entry_error
 
-    return read_checkpoint(resolve(path_or_repo, revision=revision, endpoint=endpoint))
+    return read_checkpoint(locate(path_or_repo, revision=revision, endpoint=endpoint,
+                                  names=default_registry().entries, unknown=unknown_entry_error))
 
 
-__all__ = ["__version__", "build", "get_entry", "list_entries", "load"]
+def score(model, *, task: str, split: str = "test", **kwargs) -> dict:
+    """Score any model on a task's frozen split beside GD and least squares: an ONNX file, a Hub repo
+    holding one, a checkpoint, a torch.nn.Module or a function of tokens (zoo/benchmark.py). The
+    same as `zoo.evaluate(model, task=..., split=...)`."""
+    from zoo.benchmark import evaluate as _evaluate
+
+    return _evaluate(model, task=task, split=split, **kwargs)
+
+
+__all__ = ["__version__", "build", "evaluate", "get_entry", "list_entries", "load", "score"]

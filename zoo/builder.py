@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from icl_zoo_export import save_checkpoint
-from zoo.checkpoint import Checkpoint, provenance
+from icl_zoo_export.onnx_export import not_zoo_file
+from zoo.checkpoint import Checkpoint, CheckpointError, provenance
 from zoo.constructions import construct
 from zoo.evaluate import alignment_probe, evaluate, gd_reference
 from zoo.models import create_model
@@ -42,29 +43,37 @@ def build(
     compiled: bool = False,
     model: torch.nn.Module | None = None,
     track_alignment: bool = False,
+    force: bool = False,
 ) -> Checkpoint:
     """Construct or train the entry `name` (or an Entry), evaluate it on its frozen test split,
-    save it to `out`. `overrides` replaces dotted fields first ({"arch.hidden": 16});
+    save it to `out`, swapped in whole (`save_checkpoint`). An `out` that holds another run's
+    checkpoint (`claim_out`) is refused before any work unless `force`: then it is replaced entirely
+    (another run's training state in it discarded); this run's own is rebuilt or resumed without it.
+    `overrides` replaces dotted fields first ({"arch.hidden": 16});
     `compiled` trains through torch.compile (zoo.train.Step: same data, same losses to rounding).
     `model`: the trained entry's `untrained_model` for this seed when the caller has built it already.
     `track_alignment`: record the blogpost's three alignment metrics against the entry's GD reference
     on the validation split at every eval step, in the history (its Figure 10); the weights are unchanged."""
     entry, spec, task, validation, test, hashes = _prepare(name, overrides)
     construction, history = None, []
+    trained = entry.source.kind == "trained"
+    seed = (entry.source.seed if seed is None else seed) if trained else None
+    replacing = claim_out(out, entry, spec, seed=seed, force=force)
+    # Replacing another run's folder keeps nothing of it: only this run's resumable state, if it trains.
+    keep = (lambda n: trained and n == TRAIN_DIR) if replacing else not_zoo_file
 
-    if entry.source.kind == "constructed":
+    if not trained:
         model = create_model(entry.arch, task)
         construction = construct(entry, model, task, validation.batch(task, dtype=torch.float64))
         prov = provenance(seed=None, steps=None, device="cpu", dataset_hashes=hashes)
     else:
         recipe = entry.source
-        seed = recipe.seed if seed is None else seed
         dev = torch.device(device) if device else default_device()
         model = untrained_model(entry, seed, task) if model is None else model
         construction = _initialise(entry, model, task, validation)
         if out is None:
             raise ValueError("training needs an output folder (out=...) for its resumable state")
-        claim_run_dir(Path(out) / TRAIN_DIR, entry, spec, seed=seed, steps=steps or recipe.steps)
+        claim_run_dir(Path(out) / TRAIN_DIR, entry, spec, seed=seed, steps=steps or recipe.steps, force=force)
         result = train(
             model, task, recipe, run_dir=Path(out) / TRAIN_DIR, validation_batch=validation.batch(task),
             steps=steps, seed=seed, device=dev, progress=progress, compiled=compiled,
@@ -76,7 +85,7 @@ def build(
         if compiled:
             prov["compiled"] = True
 
-    return _evaluate_and_save(entry, spec, model, prov, construction, history, out, validation, test)
+    return _evaluate_and_save(entry, spec, model, prov, construction, history, out, validation, test, keep)
 
 
 def _alignment_probe(entry, task, construction, validation):
@@ -99,12 +108,50 @@ def untrained_model(entry: Entry, seed: int, task=None) -> torch.nn.Module:
 RUN_IDENTITY = "run.json"
 
 
-def claim_run_dir(run_dir: Path, entry: Entry, spec, *, seed: int, steps: int, members: list[int] | None = None) -> None:
+def claim_out(out: str | Path | None, entry: Entry, spec, *, seed: int | None, force: bool = False) -> bool:
+    """Whether `out` holds the checkpoint of another run (another entry, definition or seed; an
+    unreadable config.json counts as one), which saving there replaces: refused unless `force`.
+    Without a config.json, or with this run's (a rebuild, a resumed training), there is nothing to
+    replace and False is returned. Steps are not compared: `claim_run_dir` guards a resumed state."""
+    from zoo.manifest import CONFIG, read_json_file
+    from zoo.registry import definition_sha256
+
+    config_path = Path(out) / CONFIG if out is not None else None
+    if config_path is None or not (config_path.exists() or config_path.is_symlink()):
+        return False
+    try:
+        config = read_json_file(config_path)
+        held = (config["entry"]["name"], definition_sha256(config["entry"], config["task"]),
+                (config.get("provenance") or {}).get("seed"))
+    except (ValueError, KeyError, TypeError, AttributeError):  # CheckpointError, pydantic's ValidationError: not a
+        # checkpoint this zoo can read; it may still be someone's, so it is not overwritten silently
+        held = None
+    wanted = (entry.name, definition_sha256(entry.model_dump(mode="json"), spec.model_dump(mode="json")), seed)
+    if held == wanted:
+        return False
+    if not force:
+        if held is None:
+            what = "a config.json this zoo cannot read"
+        elif held[0] != entry.name:
+            what = f"the checkpoint of entry '{held[0]}'"
+        else:
+            what = f"another run of entry '{held[0]}' ({'another definition' if held[1] != wanted[1] else f'seed {held[2]}'})"
+        raise CheckpointError(f"{out} already holds {what}, not this build of '{entry.name}'"
+                              f"{f' (seed {seed})' if seed is not None else ''}; pass --force (force=True) to "
+                              "replace the folder entirely, or choose another output folder")
+    return True
+
+
+def claim_run_dir(run_dir: Path, entry: Entry, spec, *, seed: int, steps: int, members: list[int] | None = None,
+                  force: bool = False) -> None:
     """Record which run a resumable training state belongs to, or refuse a state that belongs to
     another one (another entry, recipe, task, seed or step count): resuming it would save that
-    run's weights under this run's name."""
+    run's weights under this run's name. With `force` such a state is deleted instead (start fresh).
+    The record is written atomically: a kill while writing it cannot leave an unreadable one."""
     import json
+    import shutil
 
+    from zoo.atomic import write_text
     from zoo.registry import definition_sha256
 
     identity = {
@@ -114,6 +161,8 @@ def claim_run_dir(run_dir: Path, entry: Entry, spec, *, seed: int, steps: int, m
         "steps": steps,
     }
     path = Path(run_dir) / RUN_IDENTITY
+    if force and Path(run_dir).is_dir() and not _records(path, identity):
+        shutil.rmtree(run_dir)  # another run's state (or one with no readable record): forced to start fresh
     if path.exists():
         try:
             recorded = json.loads(path.read_text())
@@ -128,10 +177,21 @@ def claim_run_dir(run_dir: Path, entry: Entry, spec, *, seed: int, steps: int, m
     elif any(Path(run_dir).glob("train_state*")):
         raise ValueError(f"{run_dir} holds a training state with no record of its run; delete {run_dir} to start fresh")
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(identity, indent=1))
+    write_text(path, json.dumps(identity, indent=1))
 
 
-def _evaluate_and_save(entry, spec, model, prov, construction, history, out, validation, test) -> Checkpoint:
+def _records(path: Path, identity: dict) -> bool:
+    """Whether the run record `path` holds `identity`."""
+    import json
+
+    try:
+        return json.loads(path.read_text()) == identity
+    except (OSError, ValueError):  # absent, unreadable, not JSON (UnicodeDecodeError is a ValueError)
+        return False
+
+
+def _evaluate_and_save(entry, spec, model, prov, construction, history, out, validation, test,
+                       keep=not_zoo_file) -> Checkpoint:
     task = spec.build()
     reference = gd_reference(entry, task, construction, validation.batch(task, dtype=torch.float64))
     metrics = evaluate(model, task, test.batch(task), **reference)
@@ -141,7 +201,7 @@ def _evaluate_and_save(entry, spec, model, prov, construction, history, out, val
     ckpt = Checkpoint(model=model, entry=entry, task_spec=spec, provenance=prov,
                       construction=construction, metrics=metrics, history=history)
     if out is not None:
-        save_checkpoint(ckpt, out)  # with its ONNX graphs
+        save_checkpoint(ckpt, out, keep=keep)  # with its ONNX graphs, swapped in whole
     return ckpt
 
 
@@ -185,18 +245,23 @@ def build_ensemble(
     compiled: bool = False,
     first: torch.nn.Module | None = None,
     track_alignment: bool = False,
+    force: bool = False,
 ) -> list[Checkpoint]:
     """Train one member per seed in one batched computation (zoo/ensemble.py), then evaluate
     and save each as an ordinary checkpoint in `outs[i]`; `run_dir` holds the resumable state.
     `compiled`: torch.compile the step where it is not replayed as a CUDA graph already.
     `first`: the first seed's `untrained_model` when the caller has built it already.
-    `track_alignment`: as in `build`, for every member."""
+    `track_alignment`: as in `build`, for every member. `force`: as in `build`, for each of `outs`
+    and for `run_dir`."""
     from zoo.ensemble import train_ensemble
 
     entry, spec, task, validation, test, hashes = _prepare(name, overrides)
     if entry.source.kind != "trained":
         raise ValueError(f"entry '{entry.name}' is constructed; only trained entries form ensembles")
     dev = torch.device(device) if device else default_device()
+    # Refused before any training; an out replaced keeps nothing of the other run (the state is in run_dir).
+    keeps = [(lambda n: False) if claim_out(out, entry, spec, seed=seed, force=force) else not_zoo_file
+             for seed, out in zip(seeds, outs)]
 
     constructions = []  # what `source.init` did: the same for every member
     prebuilt = [] if first is None else [first]
@@ -211,18 +276,20 @@ def build_ensemble(
     if track_alignment:  # every member starts from the same `source.init`, so one reference serves all
         init = _initialise(entry, create_model(entry.arch, task), task, validation) if entry.source.init else None
         probe = _alignment_probe(entry, task, init, validation)
-    claim_run_dir(Path(run_dir), entry, spec, seed=seeds[0], steps=steps or entry.source.steps, members=list(seeds))
+    claim_run_dir(Path(run_dir), entry, spec, seed=seeds[0], steps=steps or entry.source.steps, members=list(seeds),
+                  force=force)
     result = train_ensemble(make_member, task, entry.source, seeds, run_dir=Path(run_dir),
                             validation_batch=validation.batch(task), steps=steps, device=dev, progress=progress,
                             compiled=compiled, probe=probe)
     construction = constructions[0] if constructions else None
     ckpts = []
-    for i, (seed, model, out) in enumerate(zip(seeds, result.models, outs)):
+    for i, (seed, model, out, keep) in enumerate(zip(seeds, result.models, outs, keeps)):
         history = [{k: v[i] if isinstance(v, list) else v for k, v in r.items()} for r in result.history]  # member i's row
         prov = provenance(seed=seed, steps=result.steps, device=str(dev), dataset_hashes=hashes)
         prov["ensemble"] = {"members": len(seeds), "seeds": list(seeds)}
         if compiled:
             prov["compiled"] = True
-        ckpts.append(_evaluate_and_save(entry, spec, model.cpu(), prov, construction, history, out, validation, test))
+        ckpts.append(_evaluate_and_save(entry, spec, model.cpu(), prov, construction, history, out, validation, test,
+                                        keep))
     return ckpts
 

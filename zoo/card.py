@@ -49,6 +49,15 @@ def paper_links(entry) -> list[dict]:
     return links
 
 
+def _registered(entry):
+    """The registry's entry of the same name and definition (its current documentation), else `entry`."""
+    from zoo.registry import default_registry
+
+    registered = default_registry().entries.get(entry.name)
+    same = registered is not None and (registered.arch, registered.source, registered.task) == (entry.arch, entry.source, entry.task)
+    return registered if same else entry
+
+
 def run_line(ckpt) -> str:
     """One sentence on how the weights came to be, saying plainly when a run is shorter than its recipe."""
     src, p = ckpt.entry.source, ckpt.provenance
@@ -59,7 +68,9 @@ def run_line(ckpt) -> str:
         line = (f"**A shorter run than the paper's recipe:** trained {steps:,} of the recipe's {src.steps:,} steps on {where} "
                 f"(seed {p.get('seed')}). The numbers on this card are this run's, not the recipe's.")
     else:
-        line = f"Trained for the recipe's full {src.steps:,} steps on {where} (seed {p.get('seed')})."
+        line = f"Trained for the entry's full recipe, {src.steps:,} steps, on {where} (seed {p.get('seed')})."
+    line += (" The recipe is the zoo's: its departures from the paper's are declared below."
+             if _registered(ckpt.entry).deviation else " The recipe is the paper's, as far as the paper states one.")
     if skipped := sum(row.get("skipped", 0) for row in ckpt.history):
         line += (f" {skipped:,} of its steps were skipped, with no update, for a loss or gradient that overflowed"
                  f" float32 (the recipe allows {src.max_skipped_steps:,}).")
@@ -104,8 +115,24 @@ def _listed_files(folder: Path) -> dict:
         return {}
 
 
+def expected_column(entry) -> dict:
+    """metric key → the entry's expected value for a card's table, with its source ("4.97e-08, at
+    most (paper)"): every number a card compares with comes from the registry, none from the template."""
+    out = {}
+    for key, exp in entry.expected.items():
+        if exp.kind == "paired_gd":
+            text = f"{exp.value:.3g} (GD {exp.gd_value:.3g})"
+        else:
+            text = {"at_most": "≤ ", "at_least": "≥ "}.get(exp.kind, "") + f"{exp.value:.3g}"
+        out[key] = f"{text} ({exp.source or 'stated'})"
+    return out
+
+
 def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
-                           dataset_repo: str | None = None, dataset_revision: str | None = None) -> Path:
+                           dataset_repo: str | None = None, dataset_revision: str | None = None,
+                           extra_metrics: dict | None = None) -> Path:
+    """Render the model card and its figures into `folder`. `extra_metrics`: measurements a claim
+    needs beyond eval_results.json (zoo.expected.measurements), when the caller already has them."""
     folder = Path(folder)
     entry, m = ckpt.entry, ckpt.metrics
     figures = []
@@ -140,40 +167,41 @@ def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
                                + (f" with {', '.join(f'`{f}`' for f in src.freeze)} frozen" if src.freeze else ""))
     a = entry.arch
     arch_summary = f"`{a.type}` — " + ", ".join(f"{k}={v}" for k, v in a.model_dump().items() if k != "type")
-    from zoo.expected import check
-    from zoo.registry import default_registry
+    from zoo.expected import check, measurements, verdict
 
-    # the registry's entry (its weights' definition: arch, source, task), not a variant; notes may differ
-    registered = default_registry().entries.get(entry.name)
-    definition = lambda e: (e.arch, e.source, e.task)  # noqa: E731
-    released = registered is not None and definition(registered) == definition(entry)
-    current = registered if released else entry  # documentation and paper values: the registry's current words
-    expected = current.expected.get("test_loss")
+    # the registry's entry of the same weights' definition (arch, source, task), not a variant: its current
+    # documentation, expected values and declared departures (they may have changed since the build)
+    current = _registered(entry)
+    released = current is not entry
+    if extra_metrics is None:  # a claim eval_results.json cannot answer (the paired gap to GD): measured here
+        extra_metrics = measurements(current, ckpt)
+    checks = check(current, {**m, **extra_metrics})
     load_name = repo_id or (entry.name if released else folder.name)
     listed = _listed_files(folder)
     card = ModelCard.from_template(
         card_data(ckpt, dataset_repo, dataset_revision),
         template_path=str(templates_dir() / "card.md.j2"),
-        entry=entry,
+        entry=current,
         task=ckpt.task_spec,
         metrics=m,
         provenance=ckpt.provenance,
         figures=figures,
         arch_summary=arch_summary,
         source_summary=source_summary,
-        expected_loss=f"{expected.value:g}" if expected else "",
+        expected=expected_column(current),
         family_prose=prose(entry),
         citation=citation(entry),
         repo_id=repo_id or f"icl-zoo/{entry.name}",
         load_name=load_name,
         marker=CARD_MARKER,
-        checks=check(current, m),
+        checks=checks,
+        verdict=verdict(checks),
         run_line=run_line(ckpt),
         paper_links=paper_links(entry),
         repo_url=REPO_URL,
         streaming="model_step.onnx" in listed,
         chunk_graph="model_chunk.onnx" in listed,
-        deviation=current.deviation,
+        deviations=current.deviation,
         paper_recipe=current.paper_recipe,
     )
     card.save(folder / "README.md")

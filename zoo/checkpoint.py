@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 from huggingface_hub import ModelHubMixin
-from safetensors import safe_open
+from safetensors.torch import load as safetensors_load
 from safetensors.torch import save_file
 
 from zoo.manifest import (  # noqa: F401  (the on-disk contract, re-exported: zoo.checkpoint is where callers look)
@@ -36,8 +36,10 @@ from zoo.manifest import (  # noqa: F401  (the on-disk contract, re-exported: zo
     GRAPH_FILES,
     HASHED_FILES,
     HISTORY,
+    SELF_CONSISTENT,
     WEIGHTS,
     CheckpointError,
+    VerifiedFolder,
     config_core_sha256,
     contained_file,
     read_json,
@@ -95,6 +97,7 @@ class Checkpoint(
     construction: dict | None = None  # hyper-parameters of a constructed model (e.g. η)
     metrics: dict = field(default_factory=dict)  # eval_results.json
     history: list = field(default_factory=list)  # training curve: [{"step", "train_loss", "val_loss"}]
+    trust: str = SELF_CONSISTENT  # how the loaded files were checked: "verified against release vX" or self-consistent only
 
     @property
     def task(self):
@@ -162,9 +165,11 @@ class Checkpoint(
         return read_checkpoint(folder)
 
 
-def read_checkpoint(folder: Path, map_location: str | torch.device = "cpu") -> Checkpoint:
-    folder = Path(folder)
-    config = verify_files(folder)
+def read_checkpoint(folder: Path | VerifiedFolder, map_location: str | torch.device = "cpu") -> Checkpoint:
+    """Build the checkpoint from a folder (checked against its own config.json here) or from the files
+    `zoo.locate` already read and checked; the model is built from those same bytes."""
+    verified = folder if isinstance(folder, VerifiedFolder) else verify_files(Path(folder))
+    folder, config = verified.folder, verified.config
     config_path = folder / CONFIG
 
     from pydantic import ValidationError
@@ -176,33 +181,40 @@ def read_checkpoint(folder: Path, map_location: str | torch.device = "cpu") -> C
         raise CheckpointError(f"{config_path}: entry/task not understood by icl-zoo {__version__}:\n{e}") from None
 
     model = create_model(entry.arch, task_spec.build())
-    load_weights_strict(model, folder / WEIGHTS)
+    load_weights_strict(model, verified.data[WEIGHTS], folder / WEIGHTS)
     return Checkpoint(
         model=model.to(map_location).eval(),
         entry=entry,
         task_spec=task_spec,
         provenance=config.get("provenance", {}),
         construction=config.get("construction"),
-        metrics=read_json(folder, EVAL_RESULTS) or {},
-        history=read_json(folder, HISTORY) or [],
+        metrics=verified.json(EVAL_RESULTS) or {},
+        history=verified.json(HISTORY) or [],
+        trust=verified.trust,
     )
 
 
-def load_weights_strict(model: torch.nn.Module, path: Path) -> None:
-    """Load safetensors into `model`; any missing, unexpected or mis-shaped tensor is an error."""
+def load_weights_strict(model: torch.nn.Module, raw: bytes | Path, where: Path | None = None) -> None:
+    """Load safetensors (the file's bytes, as hashed, or a path) into `model`; any missing, unexpected or
+    mis-shaped tensor is an error."""
+    if isinstance(raw, Path):
+        raw, where = raw.read_bytes(), raw
     expected = model.state_dict()
-    with safe_open(str(path), framework="pt") as f:
-        keys = set(f.keys())
-        problems = [f"missing tensor {k}" for k in sorted(set(expected) - keys)]
-        problems += [f"unexpected tensor {k}" for k in sorted(keys - set(expected))]
-        tensors = {}
-        for k in sorted(keys & set(expected)):
-            t = f.get_tensor(k)
-            if tuple(t.shape) != tuple(expected[k].shape):
-                problems.append(f"tensor {k} has shape {tuple(t.shape)}, the architecture needs {tuple(expected[k].shape)}")
-            tensors[k] = t
+    try:
+        loaded = safetensors_load(raw)
+    except Exception as e:  # a hashed but malformed file (hand-made self-consistent repo): one line, no traceback
+        raise CheckpointError(f"{where}: not a readable safetensors file ({type(e).__name__}: {str(e)[:200]})") from None
+    keys = set(loaded)
+    problems = [f"missing tensor {k}" for k in sorted(set(expected) - keys)]
+    problems += [f"unexpected tensor {k}" for k in sorted(keys - set(expected))]
+    tensors = {}
+    for k in sorted(keys & set(expected)):
+        t = loaded[k]
+        if tuple(t.shape) != tuple(expected[k].shape):
+            problems.append(f"tensor {k} has shape {tuple(t.shape)}, the architecture needs {tuple(expected[k].shape)}")
+        tensors[k] = t
     if problems:
-        raise CheckpointError(f"{path}: weights do not match the architecture:\n  " + "\n  ".join(problems))
+        raise CheckpointError(f"{where}: weights do not match the architecture:\n  " + "\n  ".join(problems))
     model.load_state_dict(tensors, strict=True)
 
 

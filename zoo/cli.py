@@ -62,7 +62,7 @@ def cmd_build(args) -> int:
 
     out = Path(args.out or Path("checkpoints") / args.name)
     ckpt = zoo.build(args.name, out, steps=args.steps, device=args.device, seed=args.seed, progress=not args.quiet,
-                     compiled=args.compile, track_alignment=args.track_alignment)
+                     compiled=args.compile, track_alignment=args.track_alignment, force=args.force)
     print(f"built {args.name} → {out}")
     _print_json(ckpt.metrics)
     return 0
@@ -76,33 +76,50 @@ def _register_variant_task(ckpt) -> None:
 
 
 def cmd_eval(args) -> int:
+    if args.task or args.check:
+        return cmd_benchmark(args)
     import zoo
     from zoo.evaluate import gd_reference, rescore
+    from zoo.registry import default_registry
     from zoo.tasks.frozen import load_split, load_split_from_hub
 
     ckpt = zoo.load(args.path, revision=args.revision, endpoint=args.endpoint)
     task = ckpt.task
+    registered = default_registry().tasks.get(ckpt.entry.task)  # before the checkpoint's own spec is added
     _register_variant_task(ckpt)
     if args.dataset and args.split != "test":
         raise ValueError("--dataset downloads the test split; score the validation split from the registry's seeds")
+    checked_against = None
     if args.dataset:
-        expected = ckpt.provenance.get("dataset_hashes", {}).get("test")
-        if expected is None:  # fall back on the registry's hash; never score an unverified download
-            from zoo.registry import default_registry
-
-            spec = default_registry().tasks.get(ckpt.entry.task)
-            expected = spec.splits["test"].sha256 if spec is not None and "test" in spec.splits else None
+        # The download is scored only against a hash, and for a task the registry knows it is the registry's:
+        # a checkpoint's own claim would let a rigged checkpoint vouch for a rigged split.
+        claim = ckpt.provenance.get("dataset_hashes", {}).get("test")
+        if registered is not None and "test" in registered.splits:
+            # (a registered split without a recorded hash is checked against its seed's, as load_split does)
+            expected = registered.splits["test"].sha256 or load_split(ckpt.entry.task, "test", spec=registered).sha256
+            checked_against = "registry"
+            if claim is not None and claim != expected:
+                print(f"warning: the checkpoint claims {ckpt.entry.task}/test has SHA-256 {claim}, but the registry "
+                      f"records {expected}; the download is checked against the registry's", file=sys.stderr)
+        else:
+            own = ckpt.task_spec.splits.get("test")
+            expected = claim or (own.sha256 if own is not None else None)
+            checked_against = (f"the checkpoint's own claim (the registry has no {ckpt.entry.task}/test; "
+                               "not checked against the registry)")
         if expected is None:
             raise ValueError(f"--dataset {args.dataset}: neither the checkpoint nor the registry records the hash of "
                              f"{ckpt.entry.task}/test, so the download cannot be verified; refusing to score it")
         split = load_split_from_hub(args.dataset, split="test", revision=args.dataset_revision,
-                                    expected_sha256=expected, endpoint=args.endpoint)
+                                    expected_sha256=expected, endpoint=args.endpoint,
+                                    spec=registered or ckpt.task_spec)
     else:
         split = load_split(ckpt.entry.task, args.split, spec=_register_variant_task(ckpt))  # hash-checked against the registry
     reference = gd_reference(ckpt.entry, task, ckpt.construction, recorded=ckpt.metrics)
     metrics = rescore(ckpt, split)
     metrics["dataset"] = split.name
     metrics["dataset_sha256"] = split.sha256
+    if checked_against is not None:
+        metrics["dataset_checked_against"] = checked_against
     if args.input_scales:
         from zoo.evaluate import input_scale_curve
 
@@ -148,6 +165,59 @@ def cmd_eval(args) -> int:
     return 0
 
 
+CHECKPOINT_ONLY_FLAGS = ("dataset", "input_scales", "weights", "loops", "gd_etas", "plot")
+
+
+def cmd_benchmark(args) -> int:
+    """`zoo eval MODEL --task TASK`: any model on a frozen split with the card's metrics (zoo/benchmark.py);
+    `zoo eval --check RECORD MODEL`: score it again and confirm or refute the record (exit 1 when refuted)."""
+    from zoo import benchmark
+    from zoo.atomic import write_text
+
+    used = [f"--{flag.replace('_', '-')}" for flag in CHECKPOINT_ONLY_FLAGS if getattr(args, flag)]
+    if used:
+        raise ValueError(f"{', '.join(used)}: only for a zoo checkpoint scored without --task or --check")
+    if args.check:
+        try:
+            record = json.loads(Path(args.check).read_text())
+        except ValueError as e:
+            raise ValueError(f"{args.check}: not a JSON benchmark record ({e})") from None
+        if args.task and isinstance(record, dict) and record.get("task") != args.task:
+            raise ValueError(f"--task {args.task}: the record {args.check} was scored on {record.get('task')!r}")
+        verdict = benchmark.check(record if isinstance(record, dict) else {}, args.path, revision=args.revision,
+                                  endpoint=args.endpoint)
+        print(verdict.message)
+        return 0 if verdict.confirmed else 1
+    record = benchmark.evaluate(args.path, task=args.task, split=args.split, revision=args.revision,
+                                endpoint=args.endpoint)
+    if args.out:  # only a scored model gets a record: a failure above leaves nothing behind
+        write_text(args.out, json.dumps(record, indent=2, sort_keys=True) + "\n")
+    if args.json:
+        _print_json(record)
+    else:
+        print("\n".join(benchmark.summary_lines(record)))
+    return 0
+
+
+def cmd_leaderboard(args) -> int:
+    """Rank the released entries on a task, GD, least squares and `--add` models; print and draw the table."""
+    from zoo.leaderboard import leaderboard, markdown_table, write
+
+    add = {}
+    for item in args.add:
+        name, sep, model = item.partition("=")
+        if not (sep and name.strip() and model) or name in add:
+            raise ValueError(f"--add {item!r}: expected NAME=MODEL with a new NAME (MODEL: an ONNX file, a Hub repo "
+                             "holding one, or a checkpoint)")
+        add[name.strip()] = model
+    board = leaderboard(args.task, split=args.split, add=add, entries=args.only,
+                        progress=None if args.quiet else lambda name: print(f"scoring {name}", file=sys.stderr))
+    print(markdown_table(board), end="")
+    for path in write(board, Path(args.out)):  # after every model is scored: a failure writes nothing
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
 def cmd_datasets(args) -> int:
     from zoo.registry import default_registry
     from zoo.tasks.frozen import load_split
@@ -169,33 +239,41 @@ def _hub_kwargs(args) -> dict:
 
 
 def cmd_publish(args) -> int:
-    import shutil
     import tempfile
 
     import zoo
     from zoo.card import CARD_MARKER, write_card_and_figures
     from zoo.checkpoint import read_checkpoint
-    from zoo.hub import publish, publishable_files, validate_repo_id
+    from zoo.hub import publish, validate_repo_id
+    from zoo.locate import locate
 
     validate_repo_id(args.repo)
     folder = Path(args.source)
     if not folder.is_dir():  # a registry entry: build it first
         folder = Path(args.out or Path("checkpoints") / args.source)
         zoo.build(args.source, folder, steps=args.steps, progress=not args.quiet)
-    ckpt = read_checkpoint(folder)  # verifies hashes before anything leaves the machine
+    verified = locate(folder)  # every hash checked before anything leaves the machine
+    ckpt = read_checkpoint(verified)
     with tempfile.TemporaryDirectory() as tmp:  # the source folder is never modified by publishing
         staged = Path(tmp) / folder.name
-        for src, rel in publishable_files(folder):  # refuses symlinks and special files
-            (staged / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, staged / rel)
+        staged.mkdir()
+        # Only the checkpoint's own files, from the bytes that were hashed: config.json, what it lists,
+        # and the card with its figures. Anything else in the folder stays on this machine.
+        for name, raw in verified.data.items():
+            (staged / name).write_bytes(raw)
+        left = sorted(p.name for p in folder.iterdir() if p.name not in verified.data and p.name != "README.md"
+                      and p.suffix != ".png" and p.name != ".train")
+        if left:
+            print(f"not published (not part of the checkpoint): {', '.join(left)}")
         readme = folder / "README.md"
-        if readme.is_file() and CARD_MARKER not in readme.read_text(errors="replace"):
+        if readme.is_file() and not readme.is_symlink() and CARD_MARKER not in readme.read_text(errors="replace"):
             print(f"keeping the hand-written {readme} (it is not a generated card)")
+            (staged / "README.md").write_bytes(readme.read_bytes())
         else:
             write_card_and_figures(ckpt, staged, repo_id=args.repo, dataset_repo=args.dataset_repo,
                                    dataset_revision=args.dataset_revision)
         sha = publish(staged, args.repo, hub=args.hub, repo_type="model", **_hub_kwargs(args))
-    print(f"published {folder} → {args.repo} ({args.hub}) revision {sha}")
+    print(f"published {folder} → {args.repo} ({args.hub}) revision {sha}  ({ckpt.trust})")
     return 0
 
 
@@ -214,19 +292,16 @@ def cmd_publish_dataset(args) -> int:
 
 
 def cmd_hub_serve(args) -> int:
+    import signal
     import time
 
-    from zoo.hub import default_local_hub, start_server
-
-    import signal
-
-    from zoo.hub import stop_server
+    from zoo.hub import default_local_hub, start_server, stop_server
 
     def interrupted(signum, frame):  # SIGTERM as Ctrl-C: olah and its temp folder go down with us
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupted)
-    root = Path(args.dir) if args.dir else default_local_hub()
+    root = (Path(args.dir) if args.dir else default_local_hub()).resolve()  # olah serves an absolute root
     proc = None
     try:
         if args.port:  # a busy port is refused before the (longer) import
@@ -253,23 +328,32 @@ def cmd_hub_serve(args) -> int:
 
 def cmd_pull(args) -> int:
     from zoo.checkpoint import read_checkpoint
-    from zoo.locate import resolve_folder
+    from zoo.locate import locate, validate_repo_id
 
-    folder = resolve_folder(args.repo, revision=args.revision, endpoint=args.endpoint)
-    ckpt = read_checkpoint(folder)
-    print(f"{args.repo}@{args.revision or 'main'} → {folder}  ({ckpt.entry.name}, hashes verified)")
+    verified = locate(validate_repo_id(args.repo), revision=args.revision, endpoint=args.endpoint)
+    ckpt = read_checkpoint(verified)
+    print(f"{args.repo}@{args.revision or 'main'} → {verified.folder}  ({ckpt.entry.name}, {ckpt.trust})")
     return 0
 
 
 # ---------------------------------------------------------------- export / stream
 def cmd_export(args) -> int:
-    import zoo
     from icl_zoo_export import save_checkpoint
+    from icl_zoo_export.onnx_export import not_zoo_file
+
+    import zoo
+    from zoo.builder import claim_out
 
     ckpt = zoo.load(args.path, revision=args.revision, endpoint=args.endpoint)
     local = Path(args.path).is_dir()
     out = Path(args.out) if args.out else (Path(args.path) if local else Path("exported") / ckpt.entry.name)
-    save_checkpoint(ckpt, out)  # weights, ONNX graphs, hashes in config.json, card
+    # Another run's checkpoint in --out is replaced only with --force, and then entirely; in place, the
+    # folder holds this very checkpoint.
+    in_place = local and out.resolve() == Path(args.path).resolve()
+    replacing = not in_place and claim_out(out, ckpt.entry, ckpt.task_spec, seed=ckpt.provenance.get("seed"),
+                                           force=args.force)
+    # weights, ONNX graphs, hashes in config.json, card: staged beside `out` and swapped in whole
+    save_checkpoint(ckpt, out, keep=(lambda n: False) if replacing else not_zoo_file)
     written = sorted(p.name for p in out.glob("*.onnx"))
     print(f"exported {ckpt.entry.name} → {out}: {', '.join(written)}")
     return 0
@@ -277,46 +361,95 @@ def cmd_export(args) -> int:
 
 def cmd_stream(args) -> int:
     """Stream tokens through the step graph in constant memory: a .npy file chunk by chunk, text
-    (CSV rows or JSON lists, a file or stdin) line by line, each output written as its token arrives."""
+    (CSV rows or JSON lists, a file or stdin) line by line, each output written as its token arrives.
+    The input (and --state-in) is checked before anything is written; --output and --state-out
+    files are written beside their targets and renamed onto them only when the stream ends well."""
+    import os
+    from contextlib import ExitStack
+
     import numpy as np
 
     from icl_zoo_export import StreamingSession
-    from icl_zoo_export.token_io import OutputWriter, is_array_file, iter_array_chunks, iter_lines, open_text
+    from icl_zoo_export.token_io import (
+        OutputWriter,
+        PendingFile,
+        is_array_file,
+        iter_array_chunks,
+        iter_lines,
+        open_text,
+        signals_unwind,
+    )
 
-    session = StreamingSession(args.path, revision=args.revision, endpoint=args.endpoint)
+    def same(a: str, b: str) -> bool:
+        if os.path.realpath(a) == os.path.realpath(b):
+            return True
+        try:
+            return os.path.samefile(a, b)
+        except OSError:  # one of them does not exist (yet)
+            return False
+
+    if args.input != "-":
+        for flag, target in (("--output", args.output), ("--state-out", args.state_out)):
+            if target and same(target, args.input):
+                raise ValueError(f"{flag} {target} is the input file; writing it would destroy the tokens being read")
+    if args.output and args.state_out and same(args.output, args.state_out):
+        raise ValueError(f"--output and --state-out are the same file {args.output}")
+    import warnings
+
+    with warnings.catch_warnings():  # said once, below, in the CLI's words
+        warnings.simplefilter("ignore")
+        session = StreamingSession(args.path, revision=args.revision, endpoint=args.endpoint)
     select = (lambda out: out) if args.raw else session.predict
-    if args.output and Path(args.output).exists() and Path(args.input).exists() and \
-            Path(args.output).resolve() == Path(args.input).resolve():
-        raise ValueError(f"--output {args.output} is the input file; writing it would destroy the tokens being read")
-    if is_array_file(args.input):
-        (batch, length, _), chunks = iter_array_chunks(args.input, d_in=session.d_in, nan=args.nan)
-        session.reset(batch)
-        _restore_state(session, args.state_in)
-        width = session.d_out if args.raw else session.readout["stop"] - session.readout["start"]
-        writer = OutputWriter(args.output, (batch, length, width))
-        for chunk in chunks:
-            writer.write(select(session.push(chunk)))
-    else:
-        session.reset(1)
-        _restore_state(session, args.state_in)
-        writer = OutputWriter(args.output)
-        with open_text(args.input) as lines:
-            for _, token in iter_lines(lines, args.input, d_in=session.d_in, nan=args.nan):
-                writer.write(select(session.push(token[None, None]))[:, :], flush=True)
-    writer.close()
+    width = session.d_out if args.raw else session.readout["stop"] - session.readout["start"]
+    with ExitStack() as stack:
+        if is_array_file(args.input):  # shape, dtype and d_in checked from the header; the data memory-mapped
+            (batch, length, _), chunks = iter_array_chunks(args.input, d_in=session.d_in, nan=args.nan)
+            session.reset(batch)
+            _restore_state(session, args.state_in)
+            shape = (batch, length, width)
+        else:
+            lines = stack.enter_context(open_text(args.input))
+            session.reset(1)
+            _restore_state(session, args.state_in)
+            chunks, shape = None, None
+        stack.enter_context(signals_unwind())  # SIGTERM / SIGHUP unwind through the cleanup below
+        writer = OutputWriter(args.output, shape)
+        state_file = None
+        try:
+            state_file = PendingFile(args.state_out) if args.state_out else None
+            if state_file and state_file.direct:
+                raise ValueError(f"--state-out {args.state_out}: not a regular file; the state is an .npz file")
+            if chunks is not None:
+                for chunk in chunks:
+                    writer.write(select(session.push(chunk)))
+            else:
+                for _, token in iter_lines(lines, args.input, d_in=session.d_in, nan=args.nan):
+                    writer.write(select(session.push(token[None, None])), flush=True)
+            if state_file:
+                with open(state_file.path, "wb") as f:  # exactly this name (np.savez would append .npz to a path)
+                    np.savez(f, **session.state)
+            writer.close()
+            if state_file:
+                state_file.commit()
+        except BaseException:  # an error, Ctrl-C or SIGTERM: no partial file, an existing one untouched
+            writer.abort()
+            if state_file:
+                state_file.discard()
+            raise
     if args.state_out:
-        with open(args.state_out, "wb") as f:  # exactly this name (np.savez would append .npz to a path)
-            np.savez(f, **session.state)
         print(f"state after {session.steps} tokens → {args.state_out} (resume with --state-in)", file=sys.stderr)
+    if not args.quiet:  # what the graphs were checked against: the release, their config.json, or nothing
+        print(f"{session.path}: {session.trust}", file=sys.stderr)
     return 0
 
 
 def _restore_state(session, path: str | None) -> None:
+    """Start from a state saved by --state-out, its names and shapes checked against the graph's
+    (for the session's batch) from the file's headers before any array is read; never unpickled."""
     if path:
-        import numpy as np
+        from icl_zoo_export.token_io import read_state
 
-        with np.load(path, allow_pickle=False) as saved:  # never unpickle
-            session.set_state({k: saved[k] for k in saved.files})
+        session.set_state(read_state(path, session.state_shapes(session.batch)))
 
 
 def cmd_release(args) -> int:
@@ -333,7 +466,7 @@ def cmd_release(args) -> int:
               f"({__import__('time').perf_counter() - started:.0f} s); index: {root / release.INDEX_MD}")
         if args.archive:
             path = release.write_archive(root, Path(args.archive))
-            print(f"archive {path}: {path.stat().st_size / 2**20:.2f} MiB (unpack: zoo release unpack {path})")
+            print(f"archive {path}: {path.stat().st_size / 2**20:.2f} MiB (on another machine: zoo release unpack --adopt-index {path})")
     elif args.release_command == "refresh":
         index = release.refresh_release(root, only=args.only, graphs=args.graphs)
         print(f"re-rendered cards and index of {len(index['entries'])} released entries in {root}")
@@ -343,8 +476,13 @@ def cmd_release(args) -> int:
         path = release.write_archive(root, Path(args.out))
         print(f"archive {path}: {path.stat().st_size / 2**20:.2f} MiB")
     elif args.release_command == "unpack":
-        release.unpack_archive(Path(args.archive), root)
-        print(f"unpacked {args.archive} into {root} (every file hash-verified against its index)")
+        release.unpack_archive(Path(args.archive), root, adopt_index=args.adopt_index)
+        if args.adopt_index:
+            print(f"unpacked {args.archive} into {root}: ITS index.json IS NOW THE TRUST ROOT there (every file "
+                  "hash-verified against the archive's own index, not against the index shipped before)")
+        else:
+            print(f"unpacked {args.archive} into {root} (every file hash-verified against the shipped index "
+                  f"{release.release_dir() / release.INDEX_JSON})")
     elif args.release_command == "publish":
         out = release.publish_release(args.org, hub=args.hub, root=root, datasets=not args.no_datasets)
         print(f"published {len(out['repos'])} repos at tag {out['version']}; collection {out['collection']}")
@@ -416,6 +554,7 @@ def cmd_report(args) -> int:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zoo", description="icl-zoo: in-context learning by gradient descent, as a model zoo")
+    p.add_argument("--debug", action="store_true", help="show the full traceback of an error instead of one line")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("list", help="list registry entries")
@@ -442,10 +581,12 @@ def parser() -> argparse.ArgumentParser:
                         "scan-heavy and small models, ~1× for LSTM/GRU (benchmarks/train_throughput.py); "
                         "same data and losses to rounding")
     s.add_argument("--track-alignment", action="store_true", help=TRACK_ALIGNMENT_HELP)
+    s.add_argument("--force", action="store_true",
+                   help="replace an --out folder that holds another entry's (or run's) checkpoint, entirely")
     s.set_defaults(fn=cmd_build)
 
-    s = sub.add_parser("eval", help="score a checkpoint (folder or Hub repo) on its frozen test split")
-    s.add_argument("path", help="checkpoint folder or ORG/NAME")
+    s = sub.add_parser("eval", help="score a checkpoint (folder or Hub repo), or with --task any model, on a frozen split")
+    s.add_argument("path", help="checkpoint folder or ORG/NAME; with --task or --check also an ONNX file")
     s.add_argument("--split", choices=["test", "validation"], default="test",
                    help="frozen split to score (validation: e.g. Zucchet's shifted W* ~ N(0, 2/3), what Figs. 4–5 report)")
     s.add_argument("--revision")
@@ -467,7 +608,22 @@ def parser() -> argparse.ArgumentParser:
                    help="also compare the model with one GD step at each rate ETA (blogpost Figure 12)")
     s.add_argument("--plot", metavar="PNG", help="with --loops or --gd-etas: save that figure here")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--task", help="score any model — an ONNX file, a Hub repo holding one, a checkpoint — on this task's "
+                                  "frozen split, beside GD and least squares (the open benchmark, zoo/benchmark.py)")
+    s.add_argument("--check", metavar="RECORD", help="score the model again as RECORD (a --json/--out record) says, "
+                                                     "and confirm or refute it (exit 1 when refuted)")
+    s.add_argument("--out", metavar="JSON", help="with --task: also write the record here (only if scoring succeeds)")
     s.set_defaults(fn=cmd_eval)
+
+    s = sub.add_parser("leaderboard", help="rank the released entries on a task beside GD, least squares and your models")
+    s.add_argument("task")
+    s.add_argument("--add", action="append", default=[], metavar="NAME=MODEL",
+                   help="also score MODEL (an ONNX file, a Hub repo holding one, a checkpoint) as NAME (repeatable)")
+    s.add_argument("--only", nargs="+", metavar="ENTRY", help="of the released entries, rank only these")
+    s.add_argument("--split", choices=["test", "validation"], default="test")
+    s.add_argument("--out", default="leaderboards", help="folder for TASK.md and TASK.png (default: leaderboards)")
+    s.add_argument("--quiet", action="store_true")
+    s.set_defaults(fn=cmd_leaderboard)
 
     s = sub.add_parser("datasets", help="build or verify the frozen splits of the registry")
     s.add_argument("action", choices=["build", "verify"])
@@ -540,8 +696,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("out")
     s.add_argument("--root")
     s.set_defaults(fn=cmd_release)
-    s = rel_sub.add_parser("unpack", help="unpack a release archive into release/ (hash-verified)")
+    s = rel_sub.add_parser("unpack", help="unpack a release archive into release/ (hash-verified against the "
+                           "shipped index)")
     s.add_argument("archive")
+    s.add_argument("--adopt-index", action="store_true",
+                   help="a NEW release built elsewhere: verify against the archive's own index, which becomes the "
+                        "trust root (default: every entry must match the shipped release/index.json)")
     s.add_argument("--root")
     s.set_defaults(fn=cmd_release)
     s = rel_sub.add_parser("publish", help="push every released repo and dataset to a Hub, tagged, in a Collection")
@@ -556,6 +716,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--out", help="output folder (default: the checkpoint folder itself)")
     s.add_argument("--revision")
     s.add_argument("--endpoint")
+    s.add_argument("--force", action="store_true",
+                   help="replace an --out folder that holds another entry's (or run's) checkpoint, entirely")
     s.set_defaults(fn=cmd_export)
 
     s = sub.add_parser("stream", help="stream tokens through the ONNX step graph with constant memory")
@@ -620,9 +782,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         print(f"\n{e}" if str(e) else "\ninterrupted", file=sys.stderr)
         return 130
-    except (ValueError, KeyError, OSError, RuntimeError) as e:
-        # Library errors are written to be read: show the message, not a traceback.
-        print(f"error: {e}", file=sys.stderr)
+    except Exception as e:
+        # Library errors are written to be read: one line, not a traceback (--debug shows it). Anything
+        # else that escapes (a library's own exception type on a hostile file) is named by its type.
+        if args.debug:
+            raise
+        known = isinstance(e, (ValueError, KeyError, OSError, RuntimeError))
+        message = " ".join(str(e).split()) if not known else str(e)
+        print(f"error: {message}" if known else f"error: {type(e).__name__}: {message[:500]} (--debug for the traceback)",
+              file=sys.stderr)
         return 2
 
 

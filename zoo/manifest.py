@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 FORMAT = "icl-zoo-checkpoint/1"
@@ -81,6 +82,23 @@ def safetensors_header(path: Path) -> tuple[int, dict]:
     return n, header
 
 
+def safetensors_header_bytes(raw: bytes, where) -> tuple[int, dict]:
+    """`safetensors_header` of a file's bytes already in memory."""
+    n = struct.unpack("<Q", raw[:8])[0] if len(raw) >= 8 else -1
+    if not 0 < n <= min(MAX_HEADER, len(raw) - 8):
+        raise CheckpointError(f"{where}: not a safetensors file (header length {n})")
+    header = parse_json(raw[8:8 + n], f"{where}: safetensors header")
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{where}: the safetensors header is not a JSON object")
+    return n, header
+
+
+def weights_metadata_bytes(raw: bytes, where) -> dict:
+    """The safetensors header's __metadata__, from the file's bytes."""
+    meta = safetensors_header_bytes(raw, where)[1].get("__metadata__", {})
+    return meta if isinstance(meta, dict) else {}
+
+
 def weights_metadata(path: Path) -> dict:
     """The safetensors header's __metadata__."""
     header = safetensors_header(path)[1]
@@ -132,23 +150,77 @@ def read_config_core(folder: Path) -> dict:
     return {k: v for k, v in config.items() if k != "files"}
 
 
-def verify_files(folder: Path) -> dict:
+MAX_FILE = 256 * 2**20  # bytes of any one checkpoint file read into memory: the whole zoo is < 40 MiB
+SELF_CONSISTENT = "self-consistent, not checked against a release"
+
+
+@dataclass(frozen=True)
+class VerifiedFolder:
+    """A checkpoint folder whose files were read once, hashed, and checked: `data` holds the bytes that
+    were hashed (parse these, never the disk again: no time-of-check/time-of-use gap).
+
+    `data` has config.json and every file it lists. `release` is the release version (e.g. "v0.2.0") when every file matched the shipped
+    `release/index.json` (the trust root); None when the folder was only checked against its own
+    config.json, which anyone can rewrite: then it is "self-consistent, not checked against a release"."""
+
+    folder: Path
+    config: dict
+    data: dict[str, bytes]
+    release: str | None = None
+
+    @property
+    def trust(self) -> str:
+        return f"verified against release {self.release}" if self.release else SELF_CONSISTENT
+
+    def json(self, name: str):
+        """A listed JSON file, parsed from the hashed bytes; None when the folder has no such file."""
+        return parse_json(self.data[name], self.folder / name) if name in self.data else None
+
+
+class FileReader:
+    """Reads each file of a folder at most once (size-capped, regular files inside the folder only)
+    and remembers its bytes and SHA-256, so that checking a folder against its config.json and
+    against the release index hashes every file once."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self._bytes: dict[str, bytes] = {}
+        self._sha: dict[str, str] = {}
+
+    def read(self, name: str, limit: int = MAX_FILE) -> bytes:
+        if name not in self._bytes:
+            path = contained_file(self.folder, name)
+            with open(path, "rb") as f:
+                raw = f.read(limit + 1)  # never more than the cap, whatever the file claims to be
+            if len(raw) > limit:
+                raise CheckpointError(f"{path}: more than the {limit} bytes a checkpoint file may have; refusing it")
+            self._bytes[name] = raw
+        return self._bytes[name]
+
+    def sha256(self, name: str) -> str:
+        if name not in self._sha:
+            self._sha[name] = hashlib.sha256(self.read(name)).hexdigest()
+        return self._sha[name]
+
+
+def verify_files(folder: Path, *, reader: FileReader | None = None, release: str | None = None) -> VerifiedFolder:
     """Check a checkpoint folder without building its model: config.json parses, has this format,
     and every file it lists (weights and ONNX graphs) is a regular file inside the folder with
-    the recorded SHA-256. Returns the config. Every path that opens a checkpoint starts here."""
+    the recorded SHA-256. Every path that opens a checkpoint starts here. `reader`: the files already
+    read (and hashed) by a release check (zoo.locate), whose version is passed as `release`."""
     folder = Path(folder)
+    reader = reader or FileReader(folder)
     if not _present(folder, CONFIG):
         raise CheckpointError(f"{folder}: no {CONFIG}; not an icl-zoo checkpoint")
-    config_path = contained_file(folder, CONFIG)
-    config = read_json_file(config_path)
+    config_path = folder / CONFIG
+    config = parse_json(reader.read(CONFIG, MAX_JSON), config_path)
     if not isinstance(config, dict) or config.get("format") != FORMAT:
         raise CheckpointError(f"{config_path}: format {config.get('format') if isinstance(config, dict) else None!r}, expected {FORMAT!r}")
     files = config.get("files", {})
     if not isinstance(files, dict):
         raise CheckpointError(f"{config_path}: 'files' must map file names to hashes")
     for name, info in files.items():
-        path = contained_file(folder, name)  # no '..', no links out, no /dev/zero
-        got = sha256_file(path)
+        got = reader.sha256(name)  # no '..', no links out, no /dev/zero (contained_file)
         if not isinstance(info, dict) or got != info.get("sha256"):
             raise CheckpointError(
                 f"{folder}: {name} has SHA-256 {got}, but {CONFIG} records "
@@ -157,7 +229,10 @@ def verify_files(folder: Path) -> dict:
             )
     if WEIGHTS not in files:
         raise CheckpointError(f"{folder}: {CONFIG} records no hash for {WEIGHTS}")
-    recorded = weights_metadata(contained_file(folder, WEIGHTS)).get(CONFIG_HASH_KEY)
+    recorded = weights_metadata_bytes(reader.read(WEIGHTS), folder / WEIGHTS).get(CONFIG_HASH_KEY)
+    if recorded is None and release is not None:  # every released entry was saved with the key
+        raise CheckpointError(f"{folder / WEIGHTS}: no {CONFIG_HASH_KEY} in its metadata; a released entry's weights "
+                              "always record the hash of their config.json")
     if recorded is not None and recorded != config_core_sha256(config):
         raise CheckpointError(f"{config_path} was edited after the weights were saved (its hash is "
                               f"{config_core_sha256(config)}, the weights record {recorded}); refusing to load it")
@@ -165,7 +240,7 @@ def verify_files(folder: Path) -> dict:
     for name in HASHED_FILES:
         if _present(folder, name) and name not in files:
             raise CheckpointError(f"{folder}: {name} is not listed in {CONFIG} with a hash; refusing to use it")
-    return config
+    return VerifiedFolder(folder, config, {CONFIG: reader.read(CONFIG), **{name: reader.read(name) for name in files}}, release)
 
 
 def read_json(folder: Path, name: str):

@@ -25,11 +25,14 @@ def run_release(out: Path, entry: str = RELEASE_DEMO_ENTRY) -> dict:
 
     import numpy as np
     import torch
+    from icl_zoo_export import StreamingSession
 
     import zoo
-    from icl_zoo_export import StreamingSession
     from zoo import hub, release
+    from zoo.checkpoint import read_checkpoint
     from zoo.evaluate import rescore
+    from zoo.locate import locate
+    from zoo.registry import get_task_spec
     from zoo.tasks.frozen import load_split_from_hub
 
     started = time.perf_counter()
@@ -45,17 +48,20 @@ def run_release(out: Path, entry: str = RELEASE_DEMO_ENTRY) -> dict:
     release.import_to_hub(root, only=[entry], progress=False)
     with hub.serve(root) as endpoint:
         console.print(f"  HF_ENDPOINT={endpoint}")
-        say(f"pulling icl-zoo/{entry}@{index['version']} with huggingface_hub (zoo.load, hashes verified)")
-        folder = release.resolve(f"icl-zoo/{entry}", revision=index["version"], endpoint=endpoint)
-        release.verify_folder(folder, row)  # against the shipped index, before anything reads it
-        ckpt = zoo.load(folder)
+        say(f"pulling icl-zoo/{entry}@{index['version']} with huggingface_hub (zoo.load: every file checked "
+            "against the shipped release index)")
+        verified = locate(f"icl-zoo/{entry}", revision=index["version"], endpoint=endpoint)
+        folder, ckpt = verified.folder, read_checkpoint(verified)
+        console.print(f"  {ckpt.trust}")
         card = json.loads((folder / "eval_results.json").read_text())
         console.print(f"  {ckpt.entry.description}")
         console.print(f"  {release.run_summary(row)}")
 
-        say(f"pulling the frozen test split icl-zoo/{task} with datasets.load_dataset (content hash verified)")
+        say(f"pulling the frozen test split icl-zoo/{task} (sizes and schema checked before decoding, then the "
+            "registry's content hash)")
+        spec = get_task_spec(task)
         split = load_split_from_hub(f"icl-zoo/{task}", split="test", revision=index["version"], endpoint=endpoint,
-                                    expected_sha256=ckpt.provenance["dataset_hashes"]["test"])
+                                    expected_sha256=spec.splits["test"].sha256, spec=spec)
         console.print(f"  {split.x.shape[0]} tasks, SHA-256 {split.sha256[:16]}…")
 
     say("streaming the test prompts through ONNX Runtime (a chunk graph runs all prompts, the state carried between runs)")
@@ -131,7 +137,7 @@ def run(out: Path, steps: int = 1500) -> dict:
         pulled = zoo.load("icl-zoo/lsa-d10-c10", endpoint=endpoint)
         same = all(a.equal(b) for a, b in zip(again.model.state_dict().values(), pulled.model.state_dict().values()))
         split = load_split_from_hub("icl-zoo/linreg-d10-c10", split="test", endpoint=endpoint,
-                                    expected_sha256=hashes["test"]["sha256"])
+                                    expected_sha256=hashes["test"]["sha256"], spec=get_task_spec("linreg-d10-c10"))
         from zoo.evaluate import evaluate
 
         rescored = evaluate(pulled.model, pulled.task, split.batch(pulled.task))

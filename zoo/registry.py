@@ -7,15 +7,24 @@ Every error names the file, the entry and the field.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Literal, Union, get_args
 
-from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from zoo.models import CONSTRUCTIONS, FAMILIES, construction_problem as family_construction_problem
+from zoo.models import CONSTRUCTIONS, FAMILIES
+from zoo.models import construction_problem as family_construction_problem
 from zoo.names import safe_name
 from zoo.schema import Strict
 
@@ -154,17 +163,76 @@ class Construction(Strict):
 Source = Annotated[Union[TrainRecipe, Construction], Field(discriminator="kind")]
 
 
+def _in_registry(info: ValidationInfo) -> bool:
+    """Is this a registry entry being loaded (zoo/entries/*.toml)? The registry's rules are stricter
+    than a checkpoint's: a config.json written by an older zoo must still load."""
+    return bool(info.context and info.context.get("registry"))
+
+
 class Expected(Strict):
-    value: float = Field(allow_inf_nan=False)  # the paper's number
-    rel_tol: float = Field(0.02, ge=0, allow_inf_nan=False)  # accepted relative deviation |m − v| ≤ rel_tol·|v|
+    """A number an entry is checked against (zoo/expected.py), and where the number comes from.
+
+    `source = "paper"`: a number the paper prints, with its words (`quote`) and where (`section`);
+    only these are graded "meets" / "falls short". `source = "reference"`: a closed form or a
+    construction the zoo computes (`note` says which); shown as "matches the reference" /
+    "differs from the reference", never as a paper verdict.
+
+    `kind` says what the claim is: `within` (the value, to a tolerance), `at_most` / `at_least`
+    (a bound, with an optional margin), or `paired_gd` (the model's loss equals one GD step's:
+    `value` is the paper's model loss and `gd_value` its GD loss; the zoo's paired difference
+    against GD on the same test tasks, with its standard error, must be no larger than the
+    paper's gap plus two standard errors)."""
+
+    value: float = Field(allow_inf_nan=False)  # the number (the paper's, or the reference's)
+    source: Literal["paper", "reference"] | None = None  # required in the registry; None: a checkpoint of an older zoo
+    quote: str = ""  # source = "paper": the paper's words that print the number
+    section: str = ""  # source = "paper": where they are (paper, section / table / figure)
+    claim: str = ""  # the paper's sentence that says what the number shows, when `quote` (a table cell) does not
+    kind: Literal["within", "at_most", "at_least", "paired_gd"] = "within"
+    rel_tol: float | None = Field(None, ge=0, allow_inf_nan=False)  # relative: |m − v| ≤ rel_tol·|v| (a bound: its margin)
     # An order-of-magnitude claim is checked on a log scale instead: |log10(m / v)| ≤ log10_tol.
     log10_tol: float | None = Field(None, gt=0, allow_inf_nan=False)
+    gd_value: float | None = Field(None, gt=0, allow_inf_nan=False)  # kind = "paired_gd": the paper's GD loss
     note: str = ""
 
     @model_validator(mode="after")
-    def _log_scale_needs_positive_value(self):
+    def _consistent(self, info: ValidationInfo):
         if self.log10_tol is not None and self.value <= 0:
             raise ValueError("log10_tol needs a positive value")
+        if (self.kind == "paired_gd") != (self.gd_value is not None):
+            raise ValueError("gd_value (the paper's GD loss) goes with kind = 'paired_gd', and only with it")
+        if not _in_registry(info):
+            return self
+        if self.source is None:
+            raise ValueError("field 'source' is required: \"paper\" (a number the paper prints, with its quote "
+                             "and section) or \"reference\" (a closed form or construction the zoo computes)")
+        if self.source == "paper" and not (self.quote.strip() and self.section.strip()):
+            raise ValueError("a paper value needs the paper's words (quote) and where they are (section)")
+        if self.source == "reference" and not self.note.strip():
+            raise ValueError("a reference value needs a note saying what computes it")
+        if self.kind == "within" and (self.rel_tol is None) == (self.log10_tol is None):
+            raise ValueError("kind 'within' needs one tolerance: rel_tol or log10_tol")
+        if self.kind != "within" and self.rel_tol is not None and self.log10_tol is not None:
+            raise ValueError("a bound takes at most one margin: rel_tol or log10_tol")
+        if self.kind == "paired_gd" and (self.rel_tol is not None or self.log10_tol is not None):
+            raise ValueError("kind 'paired_gd' is checked against the paper's gap and the paired standard error: no tolerance")
+        return self
+
+
+class Deviation(Strict):
+    """A declared departure from the paper (or a choice where the paper states nothing): what the
+    paper says, what the zoo does, and why. Shown on the entry's card and in the release index."""
+
+    id: str = ""  # the [deviations.<id>] table it was declared in (one declaration, many entries)
+    what: str  # in a few words: "optimiser", "teacher and input distributions"
+    paper: str  # what the paper says, quoted with its section, or what it leaves unstated
+    zoo: str  # what the zoo does instead
+    why: str = ""  # why (measured where it matters); required in the registry
+
+    @model_validator(mode="after")
+    def _complete(self, info: ValidationInfo):
+        if _in_registry(info) and not all(x.strip() for x in (self.what, self.paper, self.zoo, self.why)):
+            raise ValueError("a deviation needs 'what', 'paper' (what the paper says), 'zoo' (what the zoo does) and 'why'")
         return self
 
 
@@ -176,9 +244,19 @@ class Entry(Strict):
     task: str  # name of a [tasks.*] entry
     arch: Arch
     source: Source
-    expected: dict[str, Expected] = {}  # metric name → paper value; shown on the model card
-    deviation: str = ""  # how this entry's recipe departs from the paper's and why (measured); shown on the card
+    expected: dict[str, Expected] = {}  # metric name → paper or reference value; shown on the model card
+    # How this entry departs from the paper's setting or recipe, each item declared once in its file's
+    # [deviations.<id>] and named here; shown on the card and in the release index.
+    deviation: list[Deviation] = []
     paper_recipe: str | None = None  # with a deviation: the entry that trains the paper's own recipe, shown beside it
+
+    @field_validator("deviation", mode="before")
+    @classmethod
+    def _legacy_deviation(cls, v):
+        """A config.json of an older zoo has one sentence (or "") here."""
+        if isinstance(v, str):
+            return [{"what": "recipe", "paper": "", "zoo": v}] if v.strip() else []
+        return v
 
     @field_validator("name")
     @classmethod
@@ -229,16 +307,24 @@ def _explicit(adapter: TypeAdapter, data: dict) -> dict:
     return adapter.dump_python(adapter.validate_python(data), mode="json", exclude_defaults=True)
 
 
+# Task fields that document a task and do not change its data: left out of `definition_sha256`.
+TASK_NOTES = ("description", "paper")
+
+
 def definition_sha256(entry: dict, task: dict) -> str:
-    """SHA-256 of what determines an entry's weights: its arch, its source (recipe or construction)
-    and its task (as in a checkpoint's config.json). Fields at their defaults are left out, so a
+    """SHA-256 of what determines an entry's weights and its measured numbers: its arch, its source
+    (recipe or construction) and its task's data (as in a checkpoint's config.json). Nothing else of
+    the entry enters (its `expected` values and tolerances, notes, `deviation`, description, paper),
+    nor the task's description and paper: changing those re-renders cards and the index (`zoo release
+    refresh`) and never makes a released entry stale. Fields at their defaults are left out, so a
     field added later with a default that keeps the old behaviour leaves every existing definition,
     and every checkpoint built from one, current."""
     import hashlib
     import json
 
+    data = {k: v for k, v in _explicit(TASK_ADAPTER, task).items() if k not in TASK_NOTES}
     doc = {"arch": _explicit(ARCH_ADAPTER, entry["arch"]), "source": _explicit(SOURCE_ADAPTER, entry["source"]),
-           "task": _explicit(TASK_ADAPTER, task), "defaults": DEFAULTS_VERSION}
+           "task": data, "defaults": DEFAULTS_VERSION}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -268,18 +354,33 @@ def _format_errors(file: Path, kind: str, name: str, err: ValidationError) -> st
 
 
 def load_registry(directory: Path = ENTRIES_DIR) -> Registry:
+    """Every entry file of `directory`. Declared departures (`[deviations.<id>]`, in any file) are
+    one namespace: an entry names the ones that apply to it (`deviation = ["<id>", ...]`)."""
     tasks: dict[str, TaskSpec] = {}
     entries: dict[str, Entry] = {}
     errors: list[str] = []
+    docs: list[tuple[Path, dict]] = []
+    deviations: dict[str, tuple[Path, dict]] = {}
     for file in sorted(Path(directory).glob("*.toml")):
         try:
             doc = tomllib.loads(file.read_text())
         except tomllib.TOMLDecodeError as e:
             errors.append(f"{file.name}: not valid TOML: {e}")
             continue
-        unknown = set(doc) - {"tasks", "models"}
+        unknown = set(doc) - {"tasks", "models", "deviations"}
         if unknown:
-            errors.append(f"{file.name}: unknown top-level table(s) {sorted(unknown)}; expected [tasks.*] and [models.*]")
+            errors.append(f"{file.name}: unknown top-level table(s) {sorted(unknown)}; "
+                          "expected [tasks.*], [models.*] and [deviations.*]")
+        for name, raw in doc.get("deviations", {}).items():
+            if name in deviations:
+                errors.append(f"{file.name}: [deviations.{name}]: duplicate name (also in {deviations[name][0].name})")
+            elif not KEBAB.match(name) or not isinstance(raw, dict):
+                errors.append(f"{file.name}: [deviations.{name}]: a kebab-case name and a table (what, paper, zoo, why)")
+            else:
+                deviations[name] = (file, raw)
+        docs.append((file, doc))
+    used: set[str] = set()
+    for file, doc in docs:
         for name, raw in doc.get("tasks", {}).items():
             if not KEBAB.match(name):
                 errors.append(f"{file.name}: task '{name}': the name must be kebab-case (lowercase letters, digits, '-')")
@@ -295,10 +396,27 @@ def load_registry(directory: Path = ENTRIES_DIR) -> Registry:
             if name in entries:
                 errors.append(f"{file.name}: entry '{name}': duplicate name (also in {entries[name].file})")
                 continue
+            raw = dict(raw)
+            if "deviation" in raw:
+                ids = raw["deviation"]
+                if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+                    errors.append(f"{file.name}: entry '{name}': field 'deviation': a list of names of "
+                                  "[deviations.<id>] tables")
+                    continue
+                missing = [i for i in ids if i not in deviations]
+                if missing:
+                    errors.append(f"{file.name}: entry '{name}': field 'deviation': no [deviations.{missing[0]}] "
+                                  "in the entry files")
+                    continue
+                used.update(ids)
+                raw["deviation"] = [{**deviations[i][1], "id": i} for i in ids]
             try:
-                entries[name] = Entry.model_validate({**raw, "name": name, "file": file.name})
+                entries[name] = Entry.model_validate({**raw, "name": name, "file": file.name},
+                                                     context={"registry": True})
             except ValidationError as e:
                 errors.append(_format_errors(file, "entry", name, e))
+    for unused in sorted(set(deviations) - used):
+        errors.append(f"{deviations[unused][0].name}: [deviations.{unused}] is declared but no entry names it")
     for entry in entries.values():
         if entry.paper_recipe is not None and (entry.paper_recipe not in entries or not entry.deviation):
             errors.append(f"{entry.file}: entry '{entry.name}': field 'paper_recipe': needs a 'deviation' and an "
@@ -341,6 +459,13 @@ def list_entries(filter: str | None = None, **fields) -> list[Entry]:
 
 def get_entry(name: str) -> Entry:
     return default_registry().entry(name)
+
+
+def unknown_entry_error(name: str) -> RegistryError:
+    """The error for a bare name that is not a registry entry, with the nearest names."""
+    near = difflib.get_close_matches(name, list(default_registry().entries), n=4, cutoff=0.5)
+    hint = f"; did you mean {', '.join(near)}?" if near else " (see `zoo list`)"
+    return RegistryError(f"{name!r} is not a registry entry{hint}")
 
 
 def task_variant(base: str, overrides: dict[str, object]) -> str:

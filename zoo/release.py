@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import shutil
@@ -26,8 +25,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from zoo import locate
-from zoo.expected import check, verdict
+from zoo import atomic, locate
+from zoo.expected import PAIRED_KEYS, VERDICTS, check, measurements, needs_paired, verdict
 from zoo.locate import (  # noqa: F401  (resolving and verifying a released folder needs no torch: zoo/locate.py)
     INDEX_JSON,
     INDEX_MD,
@@ -39,7 +38,14 @@ from zoo.locate import (  # noqa: F401  (resolving and verifying a released fold
     verify_folder,
 )
 from zoo.manifest import CONFIG, sha256_file
-from zoo.registry import RegistryError, default_registry, definition_sha256, get_entry, get_task_spec, list_entries
+from zoo.registry import (
+    default_registry,
+    definition_sha256,
+    get_entry,
+    get_task_spec,
+    list_entries,
+    unknown_entry_error,
+)
 
 WORK = ".work"
 SHIPPED = {".json", ".safetensors", ".onnx", ".md", ".png"}  # what a released folder may hold
@@ -51,12 +57,6 @@ def entry_fingerprint(name: str) -> str:
     """The registry's current `definition_sha256` of entry `name`; a release built from another is stale."""
     entry = get_entry(name)
     return definition_sha256(entry.model_dump(mode="json"), get_task_spec(entry.task).model_dump(mode="json"))
-
-
-def unknown_entry_error(name: str) -> RegistryError:
-    near = difflib.get_close_matches(name, list(default_registry().entries), n=4, cutoff=0.5)
-    hint = f"; did you mean {', '.join(near)}?" if near else " (see `zoo list`)"
-    return RegistryError(f"{name!r} is not a registry entry{hint}")
 
 
 # ---------------------------------------------------------------- resolve
@@ -139,20 +139,22 @@ def build_entry(name: str, root: Path, *, time_budget: float | None, device: str
         graphed, compiled = training_mode(name, device, compiled)
         steps, rate = run_length(name, device, time_budget, compiled=compiled)
         marker = work / "run.json"  # a resumed build continues the same run length, for the same definition
-        previous = json.loads(marker.read_text()) if marker.is_file() else None
+        previous = _read_marker(marker)  # None: no marker; {} a corrupt one, whose work is then not resumed
         if previous is not None and (force or previous.get("fingerprint") != entry_fingerprint(name)):
             shutil.rmtree(work)  # a forced rebuild, or the recipe changed: the old state is not this run's
         elif previous is not None:
             steps = previous["steps"]
         work.mkdir(parents=True, exist_ok=True)
-        marker.write_text(json.dumps({"steps": steps, "fingerprint": entry_fingerprint(name)}))
+        atomic.write_text(marker, json.dumps({"steps": steps, "fingerprint": entry_fingerprint(name)}))
+        # force: `work` is the release's own scratch; the marker above decided what of it is resumed, and
+        # what else an interrupted build left there (another definition's checkpoint) is replaced
         if graphed:  # zoo/ensemble.py
             build_ensemble(name, [entry.source.seed], [work / "ckpt"], run_dir=work / "ensemble", steps=steps,
-                           device=device, progress=progress)
+                           device=device, progress=progress, force=True)
         else:
-            build(name, work / "ckpt", steps=steps, device=device, progress=progress, compiled=compiled)
+            build(name, work / "ckpt", steps=steps, device=device, progress=progress, compiled=compiled, force=True)
     else:
-        build(name, work / "ckpt", progress=progress)
+        build(name, work / "ckpt", progress=progress, force=True)
     seconds = time.perf_counter() - started
 
     staged = _staging(root, name)
@@ -164,6 +166,25 @@ def build_entry(name: str, root: Path, *, time_budget: float | None, device: str
     return index_row(name, root / name, build_seconds=seconds, steps_per_second=rate)
 
 
+def _read_marker(path: Path) -> dict | None:
+    """The run.json of an interrupted build of this entry, None when there is none. A corrupt one (empty,
+    not JSON, wrong fields: a kill while an older version wrote it, a hand edit) is discarded with a
+    warning and read as {}: its build folder is then started afresh rather than wedging every build."""
+    if not path.is_file():
+        return None
+    try:
+        marker = json.loads(path.read_text())
+    except (OSError, ValueError):  # ValueError: invalid JSON or UTF-8
+        marker = None
+    if (isinstance(marker, dict) and isinstance(marker.get("fingerprint"), str)
+            and isinstance(marker.get("steps"), int) and not isinstance(marker["steps"], bool) and marker["steps"] > 0):
+        return marker
+    import warnings
+
+    warnings.warn(f"{path}: corrupt build marker, discarded; {path.parent} is rebuilt from the start", stacklevel=2)
+    return {}
+
+
 def _staging(root: Path, name: str) -> Path:
     staged = root / f".{name}.staged"
     shutil.rmtree(staged, ignore_errors=True)
@@ -172,23 +193,29 @@ def _staging(root: Path, name: str) -> Path:
 
 
 def _swap_in(root: Path, name: str, staged: Path) -> None:
-    """Replace root/name by the staged folder: it appears whole; the old one is removed after."""
-    final, old = root / name, root / f".{name}.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        os.replace(final, old)
-    os.replace(staged, final)
-    shutil.rmtree(old, ignore_errors=True)
+    """Replace root/name by the staged folder: it appears whole; the old one is removed after, or put
+    back if the staged one cannot be renamed in (zoo.atomic.swap)."""
+    atomic.swap(root / name, staged)
 
 
-def index_row(name: str, folder: Path, *, build_seconds: float | None = None, steps_per_second: float | None = None) -> dict:
+def index_row(name: str, folder: Path, *, build_seconds: float | None = None, steps_per_second: float | None = None,
+              remeasured: dict | None = None) -> dict:
+    """The index row of released folder `folder`. `remeasured`: what a claim needs beyond its
+    eval_results.json (zoo.expected.measurements: the paired gap to GD), measured from the
+    checkpoint on its frozen test split here when not given."""
     from zoo.models import FAMILY_OF_TYPE
 
     entry = get_entry(name)
     config = json.loads((folder / CONFIG).read_text())
     metrics = json.loads((folder / "eval_results.json").read_text())
     prov = config.get("provenance", {})
-    checks = check(entry, metrics)
+    if remeasured is None:
+        remeasured = {}
+        if needs_paired(entry) and not all(k in metrics for k in PAIRED_KEYS):
+            from zoo.checkpoint import read_checkpoint
+
+            remeasured = measurements(entry, read_checkpoint(folder), metrics)
+    checks = check(entry, {**metrics, **remeasured})
     row = {
         "entry": name,
         "arch": entry.arch.type,
@@ -209,6 +236,8 @@ def index_row(name: str, folder: Path, *, build_seconds: float | None = None, st
         "lstsq_loss": metrics.get("lstsq_loss"),
         "checks": [c.as_dict() for c in checks],
         "verdict": verdict(checks),
+        "remeasured": remeasured,  # measured at build/refresh time from the checkpoint, beyond eval_results.json
+        "deviations": [d.what for d in entry.deviation],  # declared departures (the card has them in full)
         "commit": prov.get("git_commit"),
         "fingerprint": definition_sha256(config["entry"], config["task"]),  # what the weights were built from
         "files": {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file()},
@@ -229,7 +258,8 @@ def run_summary(row: dict) -> str:
 def shortfall_note(row: dict) -> str:
     """Why a trained entry falls short (or has no paper value) and what run would close it."""
     if row["source"] != "trained":
-        return "" if row["verdict"] != "falls short" else "a construction that misses its paper value: a defect"
+        misses = row["verdict"] in ("falls short", "differs from the reference")
+        return "a construction that misses its expected value: a defect" if misses else ""
     short_run = row["steps"] is not None and row["recipe_steps"] and row["steps"] < row["recipe_steps"]
     gap = ""
     if row.get("gd_loss") and row.get("test_loss") is not None:
@@ -320,7 +350,7 @@ def _adoptable(folder: Path, name: str) -> bool:
     from zoo.manifest import CheckpointError, verify_files
 
     try:
-        config = verify_files(folder)
+        config = verify_files(folder).config
         return definition_sha256(config["entry"], config["task"]) == entry_fingerprint(name)
     except (CheckpointError, OSError, ValidationError):  # a folder of another schema is rebuilt, not adopted
         return False
@@ -347,13 +377,25 @@ def _fmt(x, spec=".4g") -> str:
     return "" if x is None else format(x, spec)
 
 
+def _check_cell(c: dict) -> str:
+    from zoo.expected import claim_text, measured_text
+
+    word = "paper" if c.get("source") == "paper" else "reference" if c.get("source") == "reference" else "stated"
+    kind = c.get("kind", "within")  # a row written before claims had kinds: `zoo release refresh` rewrites it
+    status = c.get("status", "meets" if c["meets"] else "falls short")
+    cell = (f"{c['metric']} ({word}) {claim_text(kind, c.get('value', c.get('paper')), c['tolerance'])} → "
+            f"{measured_text(kind, c['measured'])} ({c['off_by']}): {status}")
+    return cell.replace("|", "\\|")  # a table cell
+
+
 def index_markdown(index: dict) -> str:
     rows = list(index["entries"].values())
     current = {r["entry"]: r["fingerprint"] == entry_fingerprint(r["entry"]) for r in rows
                if r["entry"] in default_registry().entries}
     missing = sorted(set(default_registry().entries) - {r["entry"] for r in rows})
-    counts = {v: sum(r["verdict"] == v for r in rows) for v in ("meets", "falls short", "no paper value")}
+    counts = {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS}
     short_runs = sum(1 for r in rows if r["source"] == "trained" and r["steps"] < r["recipe_steps"])
+    departing = sum(1 for r in rows if r.get("deviations"))
     lines = [
         f"# icl-zoo release {index['version']}",
         "",
@@ -361,28 +403,39 @@ def index_markdown(index: dict) -> str:
         "Every folder beside this file is one entry's Hub repo: `zoo.load(\"<entry>\")` loads it offline,",
         "`zoo hub serve` serves it as `icl-zoo/<entry>` at tag `" + index["version"] + "`.",
         "",
-        f"{len(rows)} entries released ({len(missing)} registry entries missing); verdicts against the papers' values: "
-        f"{counts['meets']} meet, {counts['falls short']} fall short, {counts['no paper value']} have no paper value. "
+        f"{len(rows)} entries released ({len(missing)} registry entries missing). Verdicts against numbers the papers "
+        f"print (each quoted below the table): {counts['meets']} meet, {counts['falls short']} fall short, "
+        f"{counts['meets where checkable']} meet where checkable (a claim the zoo cannot measure on that checkpoint). "
+        f"Checked only against a reference the zoo computes (a closed form or a construction, not a paper verdict): "
+        f"{counts['matches the reference']} match, {counts['differs from the reference']} differ. "
+        f"{counts['no paper value']} have no expected value. "
         f"{short_runs} trained entries hold a **shorter run than their recipe** (steps column): their numbers are "
-        "those of the shorter run, not the paper's recipe.",
+        f"those of the shorter run. {departing} entries declare departures from the paper's setting or recipe "
+        "(departures column; each card gives what the paper says, what the zoo does and why).",
         "",
-        "A commit marked *stale* was built from an entry or task definition that has since changed: "
-        "`zoo release build` rebuilds it.",
+        "A commit marked *stale* was built from an entry's arch, recipe or task data that has since changed: "
+        "`zoo release build` rebuilds it. Expected values, tolerances, notes and departures are not part of "
+        "what a build is made from: `zoo release refresh` re-renders the cards and this index after a change to them.",
         "",
-        "| entry | arch (family) | paper | source | steps run / recipe | device | test loss | GD ref (k steps) | paper value (tolerance) → measured | verdict | note | commit |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| entry | arch (family) | paper | source | steps run / recipe | device | test loss | GD ref (k steps) "
+        "| expected value (source, claim) → measured | verdict | departures | note | commit |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    quotes = []
     for r in sorted(rows, key=lambda r: (r["paper_file"], r["entry"])):
         steps = f"{r['steps']:,} / {r['recipe_steps']:,}" if r["source"] == "trained" else "—"
         device = r["device"] + (f" ({r['threads']} thr)" if r.get("threads") else "")
-        checks = "<br>".join(
-            f"{c['metric']} {c['paper']:.4g} ({c['tolerance']}) → {_fmt(c['measured'])} ({c['off_by']})" for c in r["checks"]
-        ) or "—"
+        checks = "<br>".join(_check_cell(c) for c in r["checks"]) or "—"
         commit = r["commit"] or "unknown"
         commit = commit[:10] + ("-dirty" if commit.endswith("-dirty") else "") + ("" if current.get(r["entry"], True) else " *stale*")
         gd = f"{_fmt(r['gd_loss'])} ({r['gd_steps']})" if r.get("gd_loss") is not None else "—"
+        departures = "; ".join(r.get("deviations") or []) or "—"
         lines.append(f"| [{r['entry']}]({r['entry']}/README.md) | `{r.get('arch', r['family'])}` ({r['family']}) | {r['paper']} | {r['source']} | {steps} | "
-                     f"{device} | {_fmt(r['test_loss'])} | {gd} | {checks} | **{r['verdict']}** | {r['note']} | `{commit}` |")
+                     f"{device} | {_fmt(r['test_loss'])} | {gd} | {checks} | **{r['verdict']}** | {departures} | {r['note']} | `{commit}` |")
+        quotes += [f"- `{r['entry']}` {c['metric']}: {c['section']}: “{c['quote']}”"
+                   + (f" (“{c['paper_claim']}”)" if c.get("paper_claim") else "") for c in r["checks"] if c.get("source") == "paper"]
+    if quotes:
+        lines += ["", "## The paper values checked", "", "Every number graded *meets* / *falls short* above, in the paper's words:", "", *quotes]
     if missing:
         lines += ["", "Not yet released: " + ", ".join(f"`{m}`" for m in missing)]
     lines += ["", "File hashes (SHA-256) of every released file are in [`index.json`](index.json); loading verifies them.", ""]
@@ -390,43 +443,335 @@ def index_markdown(index: dict) -> str:
 
 
 # ---------------------------------------------------------------- archive
+# What `zoo release unpack` accepts, checked on the tar headers before anything is extracted (the whole
+# release is ~35 MB in ~550 files, its largest file ~1 MB; DESIGN.md: the archive is <= 16 MiB compressed).
+ARCHIVE_ROOT = "release"  # every member is release/index.json, release/INDEX.md or release/<entry>/<file>
+MAX_MEMBER_BYTES = 32 * 2**20  # uncompressed bytes one archive member may declare (its tar header's size)
+MAX_ARCHIVE_BYTES = 64 * 2**20  # uncompressed bytes all members of one archive may declare together
+MAX_MEMBERS = 4096  # tar members (files and directories) in one archive
+# Decompressed tar bytes ever read (or seeked past) in one archive: the members' data plus, per member,
+# room for its header, an extended (pax / long-name) header and padding. Bounds what a header that
+# declares a huge extended record could make tarfile read, before any member is seen.
+MAX_TAR_STREAM = MAX_ARCHIVE_BYTES + MAX_MEMBERS * 8 * 512
+NOT_AN_ARCHIVE = "not a release archive (expected a .tar.gz written by `zoo release archive`)"
+_CHUNK = 2**20
+
+
 def write_archive(root: Path, path: Path) -> Path:
-    """One .tar.gz of the release (index + every entry folder), unpacked by `zoo release unpack`."""
+    """One .tar.gz of the release, unpacked by `zoo release unpack`: release/index.json, INDEX.md and
+    exactly the files the index lists for each entry (checked against it first), as plain regular files
+    within the caps `unpack_archive` enforces. Written to a temporary name and renamed when complete."""
     root, path = Path(root), Path(path)
-    with tarfile.open(path, "w:gz") as tar:
-        for p in sorted(root.rglob("*")):
-            rel = p.relative_to(root)
-            if rel.parts[0].startswith(".") or not p.is_file() or p.is_symlink():
-                continue
-            tar.add(p, arcname=str(Path("release") / rel), recursive=False)
+    if not (root / INDEX_JSON).is_file():
+        raise ReleaseError(f"{root}: no {INDEX_JSON}; nothing to archive")
+    index = read_index(root)
+    files = [(INDEX_JSON, root / INDEX_JSON)]
+    if (root / INDEX_MD).is_file():
+        files.append((INDEX_MD, root / INDEX_MD))
+    for name, row in sorted(index["entries"].items()):
+        verify_folder(root / name, row)  # every listed file present, regular and with its hash; nothing else
+        files += [(f"{name}/{file}", root / name / file) for file in sorted(row["files"])]
+    total = 0
+    for arcname, p in files:
+        if p.is_symlink() or not p.is_file():
+            raise ReleaseError(f"{p}: not a regular file; an archive holds regular files only")
+        size = p.stat().st_size
+        total += size
+        if size > MAX_MEMBER_BYTES or total > MAX_ARCHIVE_BYTES:
+            raise ReleaseError(f"{p}: the archive would exceed MAX_MEMBER_BYTES = {MAX_MEMBER_BYTES} per file or "
+                               f"MAX_ARCHIVE_BYTES = {MAX_ARCHIVE_BYTES} in all; `zoo release unpack` would refuse it")
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with tarfile.open(tmp, "w:gz", format=tarfile.PAX_FORMAT) as tar:
+            for arcname, p in files:
+                info = tar.gettarinfo(p, arcname=f"{ARCHIVE_ROOT}/{arcname}")
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                info.mode = 0o644
+                with open(p, "rb") as f:
+                    tar.addfile(info, f)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 
-def unpack_archive(path: Path, dest: Path) -> Path:
-    """Unpack a release archive into `dest` (a `release/` folder): regular files only, no path escapes."""
-    dest = Path(dest)
-    with tarfile.open(path, "r:gz") as tar:
-        members = tar.getmembers()
-        for m in members:
-            parts = Path(m.name).parts
-            if not m.isfile() or not parts or parts[0] != "release" or ".." in parts or Path(m.name).is_absolute():
-                raise ReleaseError(f"{path}: refusing archive member {m.name!r} (only regular files under release/)")
-        with tempfile.TemporaryDirectory(dir=dest.parent if dest.parent.exists() else None) as tmp:
-            tar.extractall(tmp, members=members, filter="data")
-            unpacked = Path(tmp) / "release"
-            index = read_index(unpacked)
-            for name, row in index["entries"].items():
-                verify_folder(unpacked / name, row)
-            covered = {INDEX_JSON, INDEX_MD, *index["entries"]}
-            strays = sorted(p.name for p in unpacked.iterdir() if p.name not in covered)
-            if strays:  # nothing the index does not vouch for is installed
-                raise ReleaseError(f"{path}: members not covered by its index: {', '.join(strays)}")
-            for p in sorted(unpacked.iterdir()):
-                target = dest / p.name
-                if target.is_dir():
-                    shutil.rmtree(target)
-                dest.mkdir(parents=True, exist_ok=True)
-                shutil.move(str(p), str(target))
+class _CappedStream:
+    """The decompressed tar stream, read-only, refusing any read or seek past `cap` bytes: whatever a header
+    declares (a member's size, a pax record, a long name), tarfile never reads or skips more than that."""
+
+    def __init__(self, raw, cap: int, archive: Path):
+        self.raw, self.cap, self.archive = raw, cap, archive
+
+    def _within(self, end: int) -> None:
+        if end > self.cap:
+            raise ReleaseError(f"{self.archive}: its tar stream runs past {self.cap} bytes (MAX_TAR_STREAM, "
+                               "bytes of tar data read at most); refusing it before extracting anything")
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+    def read(self, size: int = -1) -> bytes:
+        pos = self.raw.tell()
+        if size is None or size < 0:
+            size = self.cap - pos
+        self._within(pos + size)
+        return self.raw.read(size)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        target = offset + (self.raw.tell() if whence == 1 else 0)
+        if whence not in (0, 1):
+            raise OSError("a release archive is read front to back")
+        self._within(target)
+        return self.raw.seek(target)
+
+
+class _NotAnArchive:
+    """Turns what tarfile and gzip raise on a file that is not a whole .tar.gz into one-line ReleaseErrors."""
+
+    def __init__(self, archive: Path):
+        self.archive = archive
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, e, tb):
+        import zlib
+
+        if e is None or isinstance(e, ReleaseError):
+            return False
+        if isinstance(e, (tarfile.TarError, EOFError, zlib.error, OSError, ValueError)):  # gzip.BadGzipFile: OSError
+            detail = " ".join(str(e).split())[:200] or "no detail"
+            raise ReleaseError(f"{self.archive}: {NOT_AN_ARCHIVE}: {type(e).__name__}: {detail}") from None
+        return False
+
+
+def _member_parts(m: tarfile.TarInfo, archive: Path) -> tuple[str, ...]:
+    """The member's path, normalised ('.' and empty components dropped), checked to stay under release/."""
+    name = m.name
+    parts = tuple(p for p in name.split("/") if p not in ("", "."))
+    if (not parts or parts[0] != ARCHIVE_ROOT or name.startswith("/") or ".." in parts
+            or any("\\" in p or "\0" in p for p in parts)):
+        raise ReleaseError(f"{archive}: refusing archive member {name!r} (only regular files under {ARCHIVE_ROOT}/)")
+    return parts
+
+
+def _archive_members(tar: tarfile.TarFile, archive: Path) -> list[tuple[tarfile.TarInfo, tuple[str, ...]]]:
+    """Every member's header checked, before anything is extracted: a normalised path under release/ at
+    most one folder deep, each name once, a plain regular file (directories are skipped), not sparse, its
+    declared size within MAX_MEMBER_BYTES and the total within MAX_ARCHIVE_BYTES. Headers are read one
+    by one, so a member is refused before tarfile skips (decompresses) its data."""
+    files: list[tuple[tarfile.TarInfo, tuple[str, ...]]] = []
+    seen: set[str] = set()
+    folders: set[str] = set()
+    total = count = 0
+    with _NotAnArchive(archive):
+        while True:
+            m = tar.next()
+            if m is None:
+                break
+            count += 1
+            if count > MAX_MEMBERS:
+                raise ReleaseError(f"{archive}: more than MAX_MEMBERS = {MAX_MEMBERS} members; refusing it")
+            parts = _member_parts(m, archive)
+            key = "/".join(parts).casefold()  # one name once, also on a case-insensitive file system
+            if key in seen:
+                raise ReleaseError(f"{archive}: archive member {m.name!r} appears twice; refusing the archive")
+            seen.add(key)
+            if m.type == tarfile.DIRTYPE:
+                if len(parts) > 2:
+                    raise ReleaseError(f"{archive}: refusing archive member {m.name!r} (a folder below an entry folder)")
+                continue
+            if m.size > MAX_MEMBER_BYTES:
+                raise ReleaseError(f"{archive}: archive member {m.name!r} declares {m.size} bytes, over "
+                                   f"MAX_MEMBER_BYTES = {MAX_MEMBER_BYTES} (bytes one member may hold); refusing it "
+                                   "before extracting anything")
+            total += m.size
+            if total > MAX_ARCHIVE_BYTES:
+                raise ReleaseError(f"{archive}: archive members up to {m.name!r} declare {total} bytes, over "
+                                   f"MAX_ARCHIVE_BYTES = {MAX_ARCHIVE_BYTES} (bytes all members may hold); refusing "
+                                   "it before extracting anything")
+            if m.issparse() or m.type == tarfile.GNUTYPE_SPARSE or any(k.startswith("GNU.sparse") for k in m.pax_headers):
+                raise ReleaseError(f"{archive}: refusing archive member {m.name!r} (a sparse file; only plain regular files)")
+            if m.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):
+                kind = {tarfile.SYMTYPE: "a symlink", tarfile.LNKTYPE: "a hard link", tarfile.CHRTYPE: "a device",
+                        tarfile.BLKTYPE: "a device", tarfile.FIFOTYPE: "a FIFO"}.get(m.type, f"tar type {m.type!r}")
+                raise ReleaseError(f"{archive}: refusing archive member {m.name!r} ({kind}; only regular files under "
+                                   f"{ARCHIVE_ROOT}/)")
+            if len(parts) not in (2, 3):
+                raise ReleaseError(f"{archive}: refusing archive member {m.name!r} (files are {ARCHIVE_ROOT}/<file> "
+                                   f"or {ARCHIVE_ROOT}/<entry>/<file>)")
+            files.append((m, parts))
+            folders.update("/".join(parts[:i]).casefold() for i in range(2, len(parts)))
+        stream = tar.fileobj  # after the end-of-archive blocks: zero padding only (reading it checks the gzip CRC)
+        while chunk := stream.raw.read(min(_CHUNK, stream.cap - stream.tell() + 1)):
+            if chunk.strip(b"\0") or stream.tell() > stream.cap:
+                raise ReleaseError(f"{archive}: data after the end of its tar archive; refusing it")
+    clash = sorted(folders & {"/".join(p).casefold() for _, p in files})
+    if clash:
+        raise ReleaseError(f"{archive}: archive member {clash[0]!r} is both a file and a folder; refusing the archive")
+    return files
+
+
+def _extract_members(tar: tarfile.TarFile, files, into: Path, archive: Path) -> None:
+    """Write the checked members below `into` as new regular files, reading at most each one's declared size."""
+    for m, parts in files:
+        target = into.joinpath(*parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with _NotAnArchive(archive):
+            source = tar.extractfile(m)
+        with open(target, "xb") as out:
+            left = m.size
+            while left:
+                with _NotAnArchive(archive):
+                    chunk = source.read(min(left, _CHUNK))
+                if not chunk:
+                    raise ReleaseError(f"{archive}: archive member {m.name!r} ends after {m.size - left} of the "
+                                       f"{m.size} bytes it declares; refusing the archive")
+                out.write(chunk)
+                left -= len(chunk)
+
+
+def _verified_index(staged: Path, archive: Path, adopt_index: bool) -> dict:
+    """The archive's index, checked: it covers every folder in the archive, and every entry folder holds
+    exactly its row's files with their hashes. Default: every row is the shipped (trust root) row."""
+
+    def where(e: Exception) -> str:
+        return f"{archive}: " + str(e).replace(str(staged), ARCHIVE_ROOT)
+
+    if not (staged / INDEX_JSON).is_file():
+        raise ReleaseError(f"{archive}: carries no {ARCHIVE_ROOT}/{INDEX_JSON}; refusing it")
+    try:
+        index = read_index(staged)
+    except ReleaseError as e:
+        raise ReleaseError(where(e)) from None
+    covered = {INDEX_JSON, INDEX_MD, *index["entries"]}
+    strays = sorted(p.name for p in staged.iterdir() if p.name not in covered)
+    if strays:  # nothing the index does not vouch for is installed
+        raise ReleaseError(f"{archive}: members not covered by its index: {', '.join(strays)}")
+    rows = index["entries"]
+    if not adopt_index:  # the shipped index is the trust root: the archive may carry a subset of its rows, unchanged
+        shipped_path = release_dir() / INDEX_JSON
+        shipped = read_index()
+        if index.get("version") != shipped.get("version"):
+            raise ReleaseError(f"{archive}: its index is release {index.get('version')!r}, the shipped index "
+                               f"({shipped_path}) is {shipped.get('version')!r}; refusing it (a new release built "
+                               "elsewhere is adopted with --adopt-index)")
+        for name, row in rows.items():
+            if shipped["entries"].get(name) != row:
+                what = "is not in" if name not in shipped["entries"] else "differs from"
+                raise ReleaseError(f"{archive}: its index row for {name} {what} the shipped index ({shipped_path}); "
+                                   "refusing it (a new release built elsewhere is adopted with --adopt-index)")
+    for name, row in rows.items():
+        try:
+            verify_folder(staged / name, row)
+        except ReleaseError as e:
+            raise ReleaseError(where(e)) from None
+    return index
+
+
+def _install(staged: Path, dest: Path, names: list[str], aside_in: Path) -> None:
+    """Move staged/<name> to dest/<name> for each name: what was there is moved aside first and deleted only
+    once every name is in place; if any move fails, everything is put back as it was."""
+    aside = Path(tempfile.mkdtemp(dir=aside_in, prefix=".unpack-old-"))
+    moved: list[str] = []
+    installed: list[str] = []
+    try:
+        for name in names:
+            target = dest / name
+            if target.exists() or target.is_symlink():
+                os.replace(target, aside / name)
+                moved.append(name)
+            os.replace(staged / name, target)
+            installed.append(name)
+    except BaseException:
+        for name in reversed(installed):
+            try:
+                os.replace(dest / name, staged / name)
+            except OSError:
+                pass
+        for name in reversed(moved):
+            try:
+                os.replace(aside / name, dest / name)
+            except OSError:
+                pass
+        shutil.rmtree(aside, ignore_errors=True)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _install_verified(staged: Path, archive: Path, dest: Path, anchor: Path, *, adopt_index: bool,
+                      into_trust_root: bool) -> dict:
+    """Verify the staged release (`_verified_index`), then move it into `dest`; returns the archive's index."""
+    staged.mkdir(exist_ok=True)
+    index = _verified_index(staged, archive, adopt_index)
+    names = sorted(index["entries"])
+    if adopt_index or not into_trust_root:  # the trust root's own index is never replaced by default
+        if not adopt_index or not (staged / INDEX_MD).is_file():
+            # INDEX.md is not hashed by the index: by default it is rendered here from the verified rows
+            try:
+                (staged / INDEX_MD).write_text(index_markdown(index))
+            except (KeyError, TypeError, ValueError) as e:
+                raise ReleaseError(f"{archive}: cannot render {INDEX_MD} from its index ({type(e).__name__}: "
+                                   f"{str(e)[:200]})") from None
+        names += [INDEX_MD, INDEX_JSON]  # the index last: it never vouches for folders not yet in place
+    if dest.exists():
+        _install(staged, dest, names, anchor)
+        return index
+    for p in staged.iterdir():  # a new dest: only what is installed, all at once by one rename
+        if p.name not in names:
+            if p.is_dir():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(staged, dest)
+    return index
+
+
+def unpack_archive(path: Path, dest: Path, *, adopt_index: bool = False) -> Path:
+    """Unpack a release archive (`write_archive`) into `dest` (a `release/` folder).
+
+    Every member's tar header is checked before anything is extracted (`_archive_members`: regular files
+    under release/ only, each name once, within MAX_MEMBER_BYTES / MAX_ARCHIVE_BYTES); the files are staged
+    and checked, and `dest` changes only once all of them verified. By default each entry folder is
+    verified against the SHIPPED index (`read_index()`, the trust root): the archive's index rows must
+    equal the shipped rows of the entries it carries; unpacked into the trust root itself, its index is
+    kept. `adopt_index=True` (`zoo release unpack --adopt-index`, a new release built elsewhere) checks
+    each folder against the archive's own index instead, and that index becomes the trust root of `dest`.
+    Errors are one-line ReleaseErrors naming the archive."""
+    import sys
+
+    path, dest = Path(path), Path(dest)
+    if not path.is_file():
+        raise ReleaseError(f"{path}: {NOT_AN_ARCHIVE}: {'a folder' if path.is_dir() else 'no such file'}")
+    if dest.exists() and not dest.is_dir():
+        raise ReleaseError(f"{dest}: not a folder; cannot unpack {path} into it")
+    into_trust_root = dest.exists() and release_dir().exists() and dest.resolve() == release_dir().resolve()
+    # Staging (and the old files moved aside) lie in the nearest existing folder above `dest`, on dest's file
+    # system (inside dest, as dotted folders never archived, if it is a mount point): dest is untouched until
+    # everything verified, and each file moves into it by a rename.
+    anchor = next(p for p in dest.absolute().parents if p.is_dir())
+    if dest.is_dir() and os.stat(dest).st_dev != os.stat(anchor).st_dev:
+        anchor = dest
+    import gzip
+
+    with gzip.GzipFile(path, "rb") as raw:
+        with _NotAnArchive(path):
+            tar = tarfile.open(fileobj=_CappedStream(raw, MAX_TAR_STREAM, path), mode="r:")  # noqa: SIM115 (`with tar` below)
+        with tar:
+            files = _archive_members(tar, path)
+            with tempfile.TemporaryDirectory(dir=anchor, prefix=".unpack-") as tmp:
+                _extract_members(tar, files, Path(tmp), path)
+                index = _install_verified(Path(tmp) / ARCHIVE_ROOT, path, dest, anchor, adopt_index=adopt_index,
+                                          into_trust_root=into_trust_root)
+    if adopt_index:
+        orphans = sorted(p.name for p in dest.iterdir() if p.is_dir() and not p.name.startswith(".")
+                         and p.name not in index["entries"])
+        print(f"--adopt-index: the index of {path} (release {index.get('version')}, {len(index['entries'])} entries) "
+              f"is now the trust root of {dest}; its files were checked against that index, not against the one "
+              "shipped before" + (f". Folders it does not list: {', '.join(orphans)}" if orphans else ""),
+              file=sys.stderr)
     return dest
 
 
@@ -516,7 +861,10 @@ def publish_release(org: str, *, hub: str = "hf", root: Path | None = None, toke
 # ---------------------------------------------------------------- refresh / plan
 def refresh_release(root: Path | None = None, *, only: list[str] | None = None, graphs: bool = False) -> dict:
     """Re-render each released entry's card and figures from its checkpoint (weights untouched,
-    hashes verified first) and regenerate its index row: for a change to the cards or the index.
+    hashes verified first) and regenerate its index row (fingerprint, checks and verdict included):
+    for a change to the cards, the index, or an entry's expected values, notes or departures.
+    Claims that eval_results.json cannot answer (the paired gap to GD) are measured here from the
+    checkpoint on its frozen test split.
     With `graphs`, also re-export its ONNX graphs from the same weights (for a change to the
     export, e.g. a new graph) and record their hashes in config.json."""
     from zoo.card import write_card_and_figures
@@ -530,6 +878,7 @@ def refresh_release(root: Path | None = None, *, only: list[str] | None = None, 
             raise ReleaseError(f"{name!r} is not released in {root}")
         verify_folder(root / name, row)
         ckpt = read_checkpoint(root / name)
+        remeasured = measurements(get_entry(name), ckpt)  # e.g. the paired gap to GD on the frozen test split
         if graphs:  # in a staged copy swapped in whole: an interrupted refresh leaves the release as it was
             from icl_zoo_export import write_graphs
 
@@ -537,12 +886,12 @@ def refresh_release(root: Path | None = None, *, only: list[str] | None = None, 
             for path in sorted((root / name).iterdir()):
                 shutil.copyfile(path, staged / path.name)
             write_graphs(ckpt, staged)  # the graphs, and their hashes in config.json
-            write_card_and_figures(read_checkpoint(staged), staged)  # the new hashes verify; weights match the config
+            write_card_and_figures(read_checkpoint(staged), staged, extra_metrics=remeasured)  # the new hashes verify
             _swap_in(root, name, staged)
         else:
-            write_card_and_figures(ckpt, root / name)
+            write_card_and_figures(ckpt, root / name, extra_metrics=remeasured)
         index["entries"][name] = index_row(name, root / name, build_seconds=row.get("build_seconds"),
-                                           steps_per_second=row.get("steps_per_second"))
+                                           steps_per_second=row.get("steps_per_second"), remeasured=remeasured)
     index["version"] = VERSION  # the release these files make up (a refresh may change them: new graphs, cards)
     write_index(root, index)
     return index

@@ -104,11 +104,6 @@ def read_parquet_arrays(path: Path | str) -> tuple[np.ndarray, np.ndarray]:
     return _arrays_from_table(pq.ParquetFile(data).read(columns=["x", "y"], use_threads=False))
 
 
-def _arrays(ds) -> tuple[np.ndarray, np.ndarray]:
-    """x, y of a `datasets.Dataset` (its Arrow table, without a Python round trip per row)."""
-    return _arrays_from_table(ds.data.table)
-
-
 def _arrays_from_table(table) -> tuple[np.ndarray, np.ndarray]:
     import pyarrow as pa
 
@@ -208,23 +203,132 @@ def _set_aside(path: Path, old_hash: str, name: str, expected: str, seed: int) -
                   f"regenerated it from seed {seed} (the old file is kept as {aside})", stacklevel=3)
 
 
-def load_split_from_hub(repo_id: str, *, split: str = "test", revision: str | None = None,
-                        expected_sha256: str | None = None, endpoint: str | None = None) -> FrozenSplit:
-    """A frozen split published as a Hub dataset repo, loaded with `datasets.load_dataset`, hash-verified.
+# What a download may cost before anything is decoded. Parquet is compressed: 70 KB of it can declare
+# 300 000 constant tasks, which cost 750 MB of RSS (and left a 150–170 MB Arrow cache) when `datasets`
+# decoded them just to find the hash wrong. A caller that names the task gets its split's exact size and
+# shapes; one that has only a hash gets these ceilings, ten times the zoo's largest split (10 000 tasks;
+# 1.1 M float32 values in one array).
+MAX_TASKS = 100_000
+MAX_VALUES = 2**24  # float32 values in x, and again in y (64 MiB each)
 
-    Without `endpoint`, `load_dataset(repo_id)` talks to HF_ENDPOINT as users expect. With one
-    (datasets fixes its endpoint at import time), the repo is fetched by `snapshot_download`
-    from that endpoint into the HF cache and `load_dataset` reads the snapshot.
+
+class DatasetShapeMismatch(DatasetHashMismatch):
+    """A downloaded split is not shaped as expected (rows, columns, types, array shapes); refused undecoded."""
+
+
+def load_split_from_hub(repo_id: str, *, split: str = "test", revision: str | None = None,
+                        expected_sha256: str | None = None, endpoint: str | None = None,
+                        spec=None) -> FrozenSplit:
+    """A frozen split published as a Hub dataset repo, hash-verified.
+
+    The repo's parquet and README are fetched by `snapshot_download` (from `endpoint`, else HF_ENDPOINT)
+    into a temporary folder that is deleted on return, refused or not. The split's files are the ones
+    `datasets.load_dataset` would read (the card's `configs`, else datasets' default layout); their
+    footers are checked against the expected task count and `x`/`y` shapes, and only then are they
+    decoded (pyarrow) and hashed. Expected: the size and shapes of `spec`'s split (the task's registry
+    spec, zoo.registry.get_task_spec: pass it when the task is known), else the files' declared Array2D
+    shapes within MAX_TASKS and MAX_VALUES.
     """
+    import tempfile
+
+    from huggingface_hub import snapshot_download
+
+    name = f"{repo_id}@{revision or 'main'}/{split}"
+    n, shapes = _expected_size(spec, split)
+    with tempfile.TemporaryDirectory(prefix="icl-zoo-dataset-") as tmp:
+        folder = Path(os.path.abspath(snapshot_download(
+            repo_id, repo_type="dataset", revision=revision, endpoint=endpoint, cache_dir=Path(tmp) / "hub",
+            allow_patterns=["*.parquet", "README.md"])))
+        files = _split_files(folder, split, name, Path(tmp) / "datasets")
+        footers = [_check_footer(f, f"frozen split {name} ({f.relative_to(folder)})", shapes) for f in files]
+        rows = sum(r for r, _ in footers)
+        shapes = footers[0][1]
+        if any(s != shapes for _, s in footers):
+            raise DatasetShapeMismatch(f"frozen split {name}: its files declare different shapes {[s for _, s in footers]}")
+        values = rows * max(int(np.prod(s)) for s in shapes)
+        if (n is not None and rows != n) or not 0 < rows <= MAX_TASKS or values > MAX_VALUES:
+            want = f"{n} tasks" if n is not None else f"1 to {MAX_TASKS} tasks and at most {MAX_VALUES} values per array"
+            raise DatasetShapeMismatch(f"frozen split {name}: its parquet declares {rows} tasks of x {shapes[0]}, "
+                                       f"y {shapes[1]}; expected {want} — refusing to decode it")
+        try:
+            parts = [read_parquet_arrays(f) for f in files]
+        except Exception as e:  # noqa: BLE001 -- a footer that lied about its pages, however it fails
+            raise DatasetShapeMismatch(f"frozen split {name}: its parquet does not decode as it declares: {e}") from None
+    x, y = (np.concatenate([p[i] for p in parts]) for i in (0, 1))
+    if (x.shape, y.shape) != ((rows, *shapes[0]), (rows, *shapes[1])):  # a footer that lied about its pages
+        raise DatasetShapeMismatch(f"frozen split {name}: decoded x {x.shape}, y {y.shape}, not the "
+                                   f"{rows} tasks of x {shapes[0]}, y {shapes[1]} its footer declares")
+    return FrozenSplit(name=name, x=x, y=y, sha256=verify(x, y, expected_sha256, name))
+
+
+def _expected_size(spec, split: str):
+    """(task count or None, (x row shape, y row shape) or None) of `spec`'s split."""
+    if spec is None:
+        return None, None
+    b = spec.build().sample(1, seed=0)
+    n = spec.splits[split].n if split in spec.splits else None
+    return n, (tuple(b.x.shape[1:]), tuple(b.y.shape[1:]))
+
+
+def _split_files(folder: Path, split: str, name: str, scratch: Path) -> list[Path]:
+    """The parquet files of `split` in a downloaded dataset repo, resolved as `datasets` resolves them."""
     import datasets
 
     _quiet_datasets()
-    source = repo_id
-    if endpoint is not None:
-        from huggingface_hub import snapshot_download
+    try:  # reads the card's YAML and lists files; decodes nothing (its lock file goes to `scratch`)
+        found = datasets.load_dataset_builder(str(folder), cache_dir=str(scratch)).config.data_files or {}
+    except Exception as e:  # noqa: BLE001 -- whatever a hostile card makes `datasets` raise
+        raise DatasetShapeMismatch(f"frozen split {name}: cannot list the repo's data files: {e}") from None
+    files = [Path(os.path.abspath(f)) for f in found.get(split, [])]
+    if not files or any(f.suffix != ".parquet" or not f.is_relative_to(folder) for f in files):
+        raise DatasetShapeMismatch(f"frozen split {name}: expected parquet files for split {split!r} in the repo, "
+                                   f"found {[str(f) for f in files] or 'none'} (splits: {sorted(found)})")
+    return files
 
-        source = snapshot_download(repo_id, repo_type="dataset", revision=revision, endpoint=endpoint)
-    ds = datasets.load_dataset(source, split=split, revision=None if endpoint else revision)
-    x, y = _arrays(ds)
-    name = f"{repo_id}@{revision or 'main'}/{split}"
-    return FrozenSplit(name=name, x=x, y=y, sha256=verify(x, y, expected_sha256, name))
+
+def _check_footer(path: Path, where: str, shapes) -> tuple[int, tuple]:
+    """(rows, (x row shape, y row shape)) from a parquet file's footer, refused unless x and y are
+    float32 Array2D columns of the `shapes` expected (else the declared ones) whose value counts and
+    file size fit them. Reads the footer only."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    want = "columns x, y as float32 Array2D features" + (f" of shapes {shapes[0]}, {shapes[1]}" if shapes else "")
+    try:
+        pf = pq.ParquetFile(path)
+        meta, schema = pf.metadata, pf.schema_arrow
+    except (OSError, ValueError, pa.ArrowException) as e:
+        raise DatasetShapeMismatch(f"{where}: not a parquet file with {want} ({type(e).__name__}: {e})") from None
+    try:  # the features `datasets` wrote beside the table
+        declared = json.loads((schema.metadata or {}).get(b"huggingface", b"{}"))["info"]["features"]
+    except (ValueError, KeyError, TypeError):
+        declared = {}
+    got = []
+    for column in ("x", "y"):
+        t = schema.field(column).type if column in schema.names else None
+        t = t.storage_type if isinstance(t, pa.ExtensionType) else t
+        f = declared.get(column) if isinstance(declared, dict) else None
+        f = f if isinstance(f, dict) else {}
+        shape = tuple(f["shape"]) if isinstance(f.get("shape"), list) else None
+        ok = (t is not None and pa.types.is_list(t) and pa.types.is_list(t.value_type)
+              and t.value_type.value_type == pa.float32() and f.get("_type") == "Array2D" and f.get("dtype") == "float32"
+              and shape is not None and len(shape) == 2 and all(type(d) is int and d > 0 for d in shape))
+        if not ok:
+            raise DatasetShapeMismatch(f"{where}: expected {want}; column {column!r} is {t} declared {f}")
+        got.append(shape)
+    got = tuple(got)
+    if shapes is not None and got != tuple(shapes):
+        raise DatasetShapeMismatch(f"{where}: declares x {got[0]}, y {got[1]}; expected {want}")
+    rows = meta.num_rows
+    for column, shape in zip(("x", "y"), got):  # every value the reader will decode is counted in the footer
+        leaves = [i for i in range(meta.num_columns) if meta.schema.column(i).path.split(".")[0] == column]
+        count = sum(meta.row_group(g).column(i).num_values for g in range(meta.num_row_groups) for i in leaves)
+        if count != rows * shape[0] * shape[1]:
+            raise DatasetShapeMismatch(f"{where}: column {column!r} holds {count} values, not the "
+                                       f"{rows} × {shape[0]} × {shape[1]} of {rows} tasks of shape {shape}")
+    size = path.stat().st_size  # read whole before decoding: no bigger than float32 values, twice over
+    if size > 8 * rows * sum(a * b for a, b in got) + 2**20:
+        raise DatasetShapeMismatch(f"{where}: {size} bytes is far more than {rows} tasks of x {got[0]}, y {got[1]} need")
+    return rows, got
