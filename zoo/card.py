@@ -49,13 +49,19 @@ def paper_links(entry) -> list[dict]:
     return links
 
 
+def _is_registered(entry) -> bool:
+    """Does the registry hold an entry of this name with the same definition (arch, source, task)?"""
+    from zoo.registry import default_registry
+
+    registered = default_registry().entries.get(entry.name)
+    return registered is not None and (registered.arch, registered.source, registered.task) == (entry.arch, entry.source, entry.task)
+
+
 def _registered(entry):
     """The registry's entry of the same name and definition (its current documentation), else `entry`."""
     from zoo.registry import default_registry
 
-    registered = default_registry().entries.get(entry.name)
-    same = registered is not None and (registered.arch, registered.source, registered.task) == (entry.arch, entry.source, entry.task)
-    return registered if same else entry
+    return default_registry().entries[entry.name] if _is_registered(entry) else entry
 
 
 def run_line(ckpt) -> str:
@@ -172,7 +178,7 @@ def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
     # the registry's entry of the same weights' definition (arch, source, task), not a variant: its current
     # documentation, expected values and declared departures (they may have changed since the build)
     current = _registered(entry)
-    released = current is not entry
+    released = _is_registered(entry)  # a registry entry's card names it, not the folder it was saved in
     if extra_metrics is None:  # a claim eval_results.json cannot answer (the paired gap to GD): measured here
         extra_metrics = measurements(current, ckpt)
     checks = check(current, {**m, **extra_metrics})

@@ -152,11 +152,12 @@ def verdict(checks: list[Check]) -> str:
         return "meets" if all(c.meets for c in paper) else "meets where checkable"
     if not checks:
         return "no paper value"
-    return "matches the reference" if all(c.meets for c in checks) else "differs from the reference"
+    what = "the reference" if all(c.source == "reference" for c in checks) else "the stated values"  # None: unsourced
+    return f"matches {what}" if all(c.meets for c in checks) else f"differs from {what}"
 
 
 VERDICTS = ("meets", "falls short", "meets where checkable", "matches the reference", "differs from the reference",
-            "no paper value")
+            "matches the stated values", "differs from the stated values", "no paper value")
 
 
 def needs_paired(entry) -> bool:
@@ -187,7 +188,10 @@ def paired_gd_measurement(ckpt, split=None) -> dict:
         b64 = task.batch_from_arrays(batch.x.double(), batch.y.double())
         gd = gd_predict(b64, eta, ref.get("gd_steps", 1), ref.get("ridge", 0.0))
         target = b64.query_targets
-        per_task = lambda p: 0.5 * ((p - target) ** 2).flatten(1).mean(1)  # noqa: E731  (the task's loss, per task)
+
+        def per_task(p):  # the task's loss (½·mean over output coordinates), task by task
+            return 0.5 * ((p - target) ** 2).flatten(1).mean(1)
+
         diff = per_task(pred) - per_task(gd)
     n = diff.numel()
     return {"gd_paired_diff": float(diff.mean()), "gd_paired_se": float(diff.std(unbiased=True) / math.sqrt(n)),

@@ -131,7 +131,8 @@ class TrainRecipe(Strict):
     seed: int = 0
     eval_every: int = Field(500, gt=0)  # validation on the frozen split every N steps
     checkpoint_every: int = Field(1000, gt=0)  # resumable training state every N steps
-    init: ConstructionName | None = None  # start from this construction (analytic η) instead of random weights
+    init: ConstructionName | None = None  # start from this construction instead of random weights
+    init_eta: float | Literal["analytic", "line_search"] = "analytic"  # the GD rate of that construction (as its `eta`)
     freeze: list[str] = []  # parameter-name prefixes left as initialised (e.g. the constructed layers)
 
     @model_validator(mode="after")
@@ -330,7 +331,8 @@ def definition_sha256(entry: dict, task: dict) -> str:
 
 def initial_construction(entry: Entry) -> Entry:
     """A trained entry with `source.init` as the constructed entry its training starts from."""
-    return entry.model_copy(update={"source": Construction(kind="constructed", construction=entry.source.init)})
+    return entry.model_copy(update={"source": Construction(kind="constructed", construction=entry.source.init,
+                                                           eta=entry.source.init_eta)})
 
 
 def construction_problem(entry: Entry, task: TaskSpec) -> str | None:

@@ -403,22 +403,22 @@ def index_markdown(index: dict) -> str:
         "Every folder beside this file is one entry's Hub repo: `zoo.load(\"<entry>\")` loads it offline,",
         "`zoo hub serve` serves it as `icl-zoo/<entry>` at tag `" + index["version"] + "`.",
         "",
-        f"{len(rows)} entries released ({len(missing)} registry entries missing). Verdicts against numbers the papers "
-        f"print (each quoted below the table): {counts['meets']} meet, {counts['falls short']} fall short, "
-        f"{counts['meets where checkable']} meet where checkable (a claim the zoo cannot measure on that checkpoint). "
-        f"Checked only against a reference the zoo computes (a closed form or a construction, not a paper verdict): "
-        f"{counts['matches the reference']} match, {counts['differs from the reference']} differ. "
-        f"{counts['no paper value']} have no expected value. "
-        f"{short_runs} trained entries hold a **shorter run than their recipe** (steps column): their numbers are "
-        f"those of the shorter run. {departing} entries declare departures from the paper's setting or recipe "
-        "(departures column; each card gives what the paper says, what the zoo does and why).",
+        (f"{len(rows)} entries released ({len(missing)} registry entries missing). Verdicts against numbers the papers "
+         f"print (each quoted below the table): {counts['meets']} meet, {counts['falls short']} fall short, "
+         f"{counts['meets where checkable']} meet where checkable (a claim the zoo cannot measure on that checkpoint). "
+         f"Checked only against a reference the zoo computes (a closed form or a construction, not a paper verdict): "
+         f"{counts['matches the reference']} match, {counts['differs from the reference']} differ. "
+         f"{counts['no paper value']} have no expected value. "
+         f"{short_runs} trained entries hold a **shorter run than their recipe** (steps column): their numbers are "
+         f"those of the shorter run. {departing} entries declare departures from the paper's setting or recipe "
+         "(departures column; each card gives what the paper says, what the zoo does and why)."),
         "",
-        "A commit marked *stale* was built from an entry's arch, recipe or task data that has since changed: "
-        "`zoo release build` rebuilds it. Expected values, tolerances, notes and departures are not part of "
-        "what a build is made from: `zoo release refresh` re-renders the cards and this index after a change to them.",
+        ("A commit marked *stale* was built from an entry's arch, recipe or task data that has since changed: "
+         "`zoo release build` rebuilds it. Expected values, tolerances, notes and departures are not part of "
+         "what a build is made from: `zoo release refresh` re-renders the cards and this index after a change to them."),
         "",
-        "| entry | arch (family) | paper | source | steps run / recipe | device | test loss | GD ref (k steps) "
-        "| expected value (source, claim) → measured | verdict | departures | note | commit |",
+        ("| entry | arch (family) | paper | source | steps run / recipe | device | test loss | GD ref (k steps) "
+         "| expected value (source, claim) → measured | verdict | departures | note | commit |"),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     quotes = []
