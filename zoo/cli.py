@@ -76,7 +76,7 @@ def _register_variant_task(ckpt) -> None:
 
 
 def cmd_eval(args) -> int:
-    if args.task or args.check:
+    if args.task or args.check or args.path.endswith(".onnx"):
         return cmd_benchmark(args)
     import zoo
     from zoo.evaluate import gd_reference, rescore
@@ -188,6 +188,9 @@ def cmd_benchmark(args) -> int:
                                   endpoint=args.endpoint)
         print(verdict.message)
         return 0 if verdict.confirmed else 1
+    if not args.task:
+        raise ValueError(f"{args.path}: give the task whose frozen split to score it on, --task TASK "
+                         "(`zoo show ENTRY` shows an entry's task)")
     record = benchmark.evaluate(args.path, task=args.task, split=args.split, revision=args.revision,
                                 endpoint=args.endpoint)
     if args.out:  # only a scored model gets a record: a failure above leaves nothing behind
@@ -206,10 +209,11 @@ def cmd_leaderboard(args) -> int:
     add = {}
     for item in args.add:
         name, sep, model = item.partition("=")
-        if not (sep and name.strip() and model) or name in add:
+        name = name.strip()
+        if not (sep and name and model) or name in add:
             raise ValueError(f"--add {item!r}: expected NAME=MODEL with a new NAME (MODEL: an ONNX file, a Hub repo "
                              "holding one, or a checkpoint)")
-        add[name.strip()] = model
+        add[name] = model
     board = leaderboard(args.task, split=args.split, add=add, entries=args.only,
                         progress=None if args.quiet else lambda name: print(f"scoring {name}", file=sys.stderr))
     print(markdown_table(board), end="")

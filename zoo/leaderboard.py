@@ -11,6 +11,7 @@ and .png), and each task's dataset card links its own.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,7 +179,8 @@ def figure(board: Leaderboard, path: Path) -> Path:
         largest = max(abs(r.diff) for r in rows)
         axes[1].axvline(0, color="k", lw=0.8)
         # GD-like models sit in the linear band around 0; the rest on log scales either side
-        axes[1].set_xscale("symlog", linthresh=max(largest * 1e-3, 1e-12), linscale=2)
+        linthresh = 10.0 ** math.floor(math.log10(max(largest * 1e-3, 1e-12)))  # a decade: its ticks sit at the band's ends
+        axes[1].set_xscale("symlog", linthresh=linthresh, linscale=2)
         axes[1].set_xlim(-2 * largest, 2 * largest)
         axes[1].set_xlabel("model − GD (paired) ± s.e.")
     for ax in axes:
