@@ -4,6 +4,11 @@ import pytest
 import torch
 
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # two workers on two cores: one thread each, subprocesses too
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
     """Frozen splits are generated into a fresh cache per test session (never the user's)."""

@@ -277,6 +277,6 @@ def test_the_release_carries_a_leaderboard_for_every_task_and_each_dataset_card_
         assert (release_dir() / FOLDER / f"{task}.png").is_file()
         missing = [name for name in released_on(task) if f"`{name}` | released" not in board]
         assert not missing, (f"release/{FOLDER}/{task}.md lacks {missing}: regenerate with "
-                             "python -c 'from zoo.leaderboard import write_leaderboards; write_leaderboards()'")
+                             "zoo release refresh --leaderboards")
     folder, _ = hub.dataset_folder(TASK, tmp_path / "ds")
     assert leaderboard_url(TASK) in (folder / "README.md").read_text()

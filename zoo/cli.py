@@ -94,9 +94,9 @@ def cmd_eval(args) -> int:
         # The download is scored only against a hash, and for a task the registry knows it is the registry's:
         # a checkpoint's own claim would let a rigged checkpoint vouch for a rigged split.
         claim = ckpt.provenance.get("dataset_hashes", {}).get("test")
-        if registered is not None and "test" in registered.splits:
-            # (a registered split without a recorded hash is checked against its seed's, as load_split does)
-            expected = registered.splits["test"].sha256 or load_split(ckpt.entry.task, "test", spec=registered).sha256
+        pinned = registered.splits["test"].sha256 if registered is not None and "test" in registered.splits else None
+        if pinned is not None:  # a task of the registry files (a variant registered in this process pins none)
+            expected = pinned
             checked_against = "registry"
             if claim is not None and claim != expected:
                 print(f"warning: the checkpoint claims {ckpt.entry.task}/test has SHA-256 {claim}, but the registry "
@@ -474,6 +474,11 @@ def cmd_release(args) -> int:
     elif args.release_command == "refresh":
         index = release.refresh_release(root, only=args.only, graphs=args.graphs)
         print(f"re-rendered cards and index of {len(index['entries'])} released entries in {root}")
+        if args.leaderboards:
+            from zoo.leaderboard import write_leaderboards
+
+            written = write_leaderboards(root)
+            print(f"wrote {len(written)} leaderboard files in {root / 'leaderboards'}")
     elif args.release_command == "plan":
         release.print_plan(device=args.device, only=args.only, threads=args.threads, compiled=not args.no_compile)
     elif args.release_command == "archive":
@@ -688,6 +693,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--only", nargs="+", metavar="ENTRY")
     s.add_argument("--root")
     s.add_argument("--graphs", action="store_true", help="also re-export the ONNX graphs from the released weights")
+    s.add_argument("--leaderboards", action="store_true",
+                   help="also re-score every released entry for release/leaderboards/ (a few minutes on a CPU)")
     s.set_defaults(fn=cmd_release)
     s = rel_sub.add_parser("plan", help="each trained entry's cost at its recipe length, from measured throughput here")
     s.add_argument("--only", nargs="+", metavar="ENTRY")

@@ -45,6 +45,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 
 
@@ -346,10 +347,19 @@ def online_gd_predict(batch: TaskBatch, eta: float) -> torch.Tensor:
     return torch.stack(preds, dim=1)
 
 
+def batched_pinv(x: torch.Tensor) -> torch.Tensor:
+    """Moore–Penrose pseudo-inverses of a batch of small matrices (B, n, m) → (B, m, n), through NumPy.
+
+    torch's batched CPU pinv splits the batch over threads, and with two threads on a 2-core machine
+    it ran 230× slower than with one (27.6 s against 0.12 s for 10,000 matrices of 20 × 5); NumPy
+    loops LAPACK per matrix (0.14 s) and agrees with torch to 2.5e-15."""
+    return torch.from_numpy(np.linalg.pinv(x.detach().cpu().numpy())).to(x.device)
+
+
 def prefix_least_squares_predict(batch: TaskBatch) -> torch.Tensor:
     """Minimum-norm least squares on each prefix t = 1..C, applied to x_{t+1}  →  (B, C, d_y)."""
     x, y = batch.x.double(), batch.y.double()
-    preds = [(x[:, t + 1].unsqueeze(1) @ (torch.linalg.pinv(x[:, : t + 1]) @ y[:, : t + 1])).squeeze(1)
+    preds = [(x[:, t + 1].unsqueeze(1) @ (batched_pinv(x[:, : t + 1]) @ y[:, : t + 1])).squeeze(1)
              for t in range(x.shape[1] - 1)]
     return torch.stack(preds, dim=1).to(batch.x.dtype)
 
@@ -357,7 +367,7 @@ def prefix_least_squares_predict(batch: TaskBatch) -> torch.Tensor:
 def least_squares_predict(batch: TaskBatch) -> torch.Tensor:
     """Exact (minimum-norm) least-squares solution on the context, applied to the query."""
     x, y = batch.x_context.double(), batch.y_context.double()
-    w = torch.linalg.pinv(x) @ y  # (B, d_x, d_y)
+    w = batched_pinv(x) @ y  # (B, d_x, d_y)
     return (batch.x_query.double().unsqueeze(1) @ w).squeeze(1).to(batch.x.dtype)
 
 
