@@ -137,6 +137,86 @@ def test_fast_weight_constructions_name_what_does_not_fit(tmp_path, task, arch, 
         load_registry(tmp_path)
 
 
+@pytest.mark.parametrize("source, expected", [
+    ('{ kind = "constructed", construction = "gd", compact = true }',
+     "field 'source.compact': 'gd' takes no such knob (its knobs: eta)"),
+    ('{ kind = "constructed", construction = "gd", eta = -1 }', None),  # a knob's own rules (none here: η < 0 is allowed)
+    ('{ kind = "constructed", construction = "nope" }', "field 'source': 'construction' must be one of 'hebbian_gd'"),
+    ('{ kind = "constructed" }', "field 'source': 'construction' must be one of"),
+])
+def test_a_construction_takes_the_knobs_its_family_declares(tmp_path, source, expected):
+    write(tmp_path, GOOD_TASK + f'\n[models.m]\npaper = "p"\ntask = "t"\narch = {{ type = "lsa" }}\nsource = {source}\n')
+    if expected is None:
+        load_registry(tmp_path)
+        return
+    with pytest.raises(RegistryError, match=re.escape(f"fam.toml: entry 'm': {expected}")):
+        load_registry(tmp_path)
+
+
+def test_construction_sources_are_the_families_knobs():
+    """A constructed source is `kind`, `construction` and exactly the knobs its rule declares (ConstructionRule.knobs)."""
+    from zoo.models import CONSTRUCTIONS
+    from zoo.registry import CONSTRUCTION_SOURCES, Construction
+
+    assert set(CONSTRUCTION_SOURCES) == set(CONSTRUCTIONS)
+    for name, (_, rule) in CONSTRUCTIONS.items():
+        source = Construction.of(name)
+        assert isinstance(source, Construction) and source.construction == name
+        assert set(type(source).model_fields) == {"kind", "construction"} | set(rule.knobs.model_fields), name
+
+
+def test_a_constructed_checkpoint_of_an_older_zoo_still_validates():
+    """Before each construction declared its knobs, a config.json held the one schema's four (lsa, scale,
+    compact, eta) for every construction: those it did not read, at their defaults, are dropped on load
+    (outside the registry), and its fingerprint is the one it was built with. Anything else is refused."""
+    from zoo.registry import Entry, definition_sha256, get_task_spec
+
+    entry = get_entry("lsa-gd-d10-c10")
+    data, task = entry.model_dump(mode="json"), get_task_spec(entry.task).model_dump(mode="json")
+    legacy = {**data, "source": {"kind": "constructed", "construction": "gd", "lsa": "gd", "scale": 0.01,
+                                 "compact": False, "eta": "analytic"}}
+    assert Entry.model_validate(legacy).source == entry.source
+    assert definition_sha256(legacy, task) == definition_sha256(data, task)
+    with pytest.raises(ValueError, match="compact"):
+        Entry.model_validate({**legacy, "source": {**legacy["source"], "compact": True}})
+
+
+CITED = GOOD_TASK + """
+[paper]
+citation = "@article{x2024, title = {X}}"
+prose = "The setting of paper X."
+links = { "Paper X" = { arxiv = "2401.00001", title = "X" } }
+[models.m]
+paper = "Paper X, Table 1"
+task = "t"
+arch = { type = "lsa" }
+source = { kind = "constructed", construction = "gd" }
+"""
+
+
+def test_an_entry_file_carries_its_own_citation(tmp_path, monkeypatch):
+    """A file's [paper] table is what its entries' cards cite, link and tag (papers.toml not needed)."""
+    from zoo import card, registry
+
+    reg = load_registry(write(tmp_path, CITED))
+    monkeypatch.setattr(registry, "default_registry", lambda: reg)
+    entry = reg.entries["m"]
+    assert card.citation(entry) == "@article{x2024, title = {X}}"
+    assert card.prose(entry).endswith("The setting of paper X.")
+    assert {"title": "X", "href": "https://arxiv.org/abs/2401.00001", "arxiv": "2401.00001"} in card.paper_links(entry)
+    write(tmp_path, CITED.replace('arxiv = "2401.00001", ', ""))
+    with pytest.raises(RegistryError, match="fam.toml: table 'paper': field 'links.Paper X': .*'arxiv' or 'url'"):
+        load_registry(tmp_path)
+
+
+def test_the_zoo_files_without_a_paper_table_cite_papers_toml():
+    from zoo import card
+
+    entry = get_entry("gated-rnn-zucchet-icl")
+    assert "zucchet2023gated" in card.citation(entry) and "Zucchet et al." in card.prose(entry)
+    assert any(link["arxiv"] == "2309.01775" for link in card.paper_links(entry))
+
+
 def test_every_metric_evaluation_writes_is_declared_once():
     """zoo/metrics.py is the one list of metrics: a card, a report and a sweep take labels and
     columns from it, and every scalar a built checkpoint's evaluation writes is in it."""
@@ -182,7 +262,7 @@ def test_a_construction_on_the_wrong_type_of_a_family_names_the_type_it_needs():
 
     entry = get_entry("lstm-gd-zucchet-icl")
     gru = entry.arch.model_copy(update={"type": "gru"})
-    source = Construction(kind="constructed", construction="lstm_from_lsa")
+    source = Construction.of("lstm_from_lsa")
     assert construction_problem(gru, get_task_spec(entry.task), source) == "'lstm_from_lsa' needs arch type 'lstm'"
     assert construction_problem(entry.arch, get_task_spec(entry.task), source) is None
 

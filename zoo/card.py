@@ -29,20 +29,30 @@ def _papers() -> dict:
     return tomllib.loads((templates_dir() / "papers.toml").read_text())
 
 
+def _paper(entry) -> dict:
+    """What the entry's file cites: its own `[paper]` table (zoo/entries/<file>.toml), else the table of
+    model_cards/papers.toml named by the file's stem."""
+    from zoo.registry import default_registry
+
+    own = default_registry().papers.get(entry.file)
+    return own.model_dump(exclude_none=True) if own is not None else _papers().get(Path(entry.file).stem, {})
+
+
 def prose(entry) -> str:
     """What the architecture is (its family's prose), then the setting of the paper file that declares the entry."""
-    setting = _papers().get(Path(entry.file).stem, {}).get("prose", "")
+    setting = _paper(entry).get("prose", "")
     return "\n\n".join(part.strip() for part in (FAMILY_OF_TYPE[entry.arch.type].card, setting) if part.strip())
 
 
 def citation(entry) -> str:
-    return _papers().get(Path(entry.file).stem, {}).get("citation", "").strip()
+    return _paper(entry).get("citation", "").strip()
 
 
 def paper_links(entry) -> list[dict]:
-    """The seed papers an entry's `paper` field names: {title, href, arxiv} each (papers.toml)."""
+    """The papers an entry's `paper` field names: {title, href, arxiv} each (papers.toml's `paper_links`,
+    and the links of its file's own `[paper]` table, which win for the same word)."""
     links = []
-    for word, link in _papers().get("paper_links", {}).items():
+    for word, link in {**_papers().get("paper_links", {}), **_paper(entry).get("links", {})}.items():
         if word in entry.paper:
             href = link.get("url") or f"https://arxiv.org/abs/{link['arxiv']}"
             links.append({"title": link["title"], "href": href, "arxiv": link.get("arxiv")})

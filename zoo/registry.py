@@ -15,10 +15,13 @@ from pathlib import Path
 from typing import Annotated, Literal, Union, get_args
 
 from pydantic import (
+    Discriminator,
     Field,
+    Tag,
     TypeAdapter,
     ValidationError,
     ValidationInfo,
+    create_model,
     field_validator,
     model_validator,
 )
@@ -151,17 +154,60 @@ class TrainRecipe(Strict):
 
 
 class Construction(Strict):
+    """A constructed source: `construction` names an analytic construction of a family; the other
+    fields are that construction's knobs, declared beside it (`ConstructionRule.knobs` in
+    zoo/models/<family>.py: e.g. `eta`, `lsa`, `compact`, `scale`). Each construction validates as
+    its own subclass (`CONSTRUCTION_SOURCES`), so a knob another construction takes is an error here."""
+
     kind: Literal["constructed"]
-    # declared by the families (zoo/models/<family>.py): θ_GD (lsa), gated RNN ⇐ LSA (gated_rnn), GD-SSM (gd_ssm),
-    # LSTM ≈ LSA (stack), fast-weight GD on the prefix (hebbian_gd) and online GD (delta_rule) (fast_weight)
     construction: ConstructionName
-    lsa: Literal["gd", "teacher"] = "gd"  # rnn_from_lsa / lstm_from_lsa: which LSA to implement (θ_GD or the task's teacher)
-    scale: float = Field(0.01, gt=0)  # lstm_from_lsa: linearisation scale ε (error O(ε²) until rounding)
-    compact: bool = False  # rnn_from_lsa: d(d+1)/2 key-value neurons instead of d²
-    eta: float | Literal["analytic", "line_search"] = "analytic"  # GD rate (sum convention); "analytic": Zucchet C.2 (1 step); "line_search": best on the validation split for this many steps
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_knobs(cls, data, info: ValidationInfo):
+        """A config.json written before each construction declared its knobs holds all four of the old
+        schema's, at their defaults where the construction did not read them: those are dropped (outside
+        the registry), as they never reached the weights. Anything else undeclared stays, and is an error."""
+        if isinstance(data, dict) and not _in_registry(info):
+            data = {k: v for k, v in data.items()
+                    if k in cls.model_fields or k not in LEGACY_KNOBS or v != LEGACY_KNOBS[k]}
+        return data
+
+    @classmethod
+    def of(cls, construction: str, **knobs) -> Construction:
+        """The validated source `{kind = "constructed", construction = …, **knobs}`."""
+        return SOURCE_ADAPTER.validate_python({"kind": "constructed", "construction": construction, **knobs})
 
 
-Source = Annotated[Union[TrainRecipe, Construction], Field(discriminator="kind")]
+# Every field the one `Construction` schema had before the families declared their knobs, with its default.
+LEGACY_KNOBS = {"lsa": "gd", "scale": 0.01, "compact": False, "eta": "analytic"}
+
+
+def _construction_source(name: str, knobs: type[Strict]) -> type[Construction]:
+    model = create_model(f"Construction[{name}]", __base__=(knobs, Construction),  # fields: kind, construction, knobs
+                         construction=(Literal[name], Field(description="the family's construction")))
+    model.__doc__ = f"source.kind = 'constructed' with construction = {name!r} and its knobs ({knobs.__name__})."
+    return model
+
+
+# construction name → its source schema: `Construction` with the knobs its family declares
+CONSTRUCTION_SOURCES: dict[str, type[Construction]] = {
+    name: _construction_source(name, rule.knobs) for name, (_, rule) in CONSTRUCTIONS.items()
+}
+
+
+def _construction_tag(data) -> str | None:
+    return data.get("construction") if isinstance(data, dict) else getattr(data, "construction", None)
+
+
+Constructed = Annotated[
+    Union[tuple(Annotated[model, Tag(name)] for name, model in CONSTRUCTION_SOURCES.items())],
+    Discriminator(_construction_tag, custom_error_type="unknown_construction",
+                  custom_error_message="'construction' must be one of "
+                                       + ", ".join(map(repr, CONSTRUCTION_SOURCES)))]
+
+
+Source = Annotated[Union[TrainRecipe, Constructed], Field(discriminator="kind")]
 
 
 def _in_registry(info: ValidationInfo) -> bool:
@@ -274,14 +320,38 @@ class Entry(Strict):
 
 TASK_ADAPTER = TypeAdapter(TaskSpec)
 TASK_KINDS = {"linear_regression", "lsa_teacher"}
-UNION_TAGS = {tag for model in (*get_args(get_args(Arch)[0]), *get_args(get_args(Source)[0]))
-              for tag in get_args(model.model_fields[("type" if "type" in model.model_fields else "kind")].annotation)}
+ARCH_TAGS = {tag for model in get_args(get_args(Arch)[0]) for tag in get_args(model.model_fields["type"].annotation)}
+SOURCE_TAGS = {"trained", "constructed"}  # `kind`; a constructed source's second tag is its construction's name
+
+
+class PaperLink(Strict):
+    """Where a paper lives: an arXiv id (a Hub `arxiv:` tag and a link) or a URL."""
+
+    title: str
+    arxiv: str | None = Field(None, pattern=r"^\d{4}\.\d{4,5}$")
+    url: str | None = Field(None, pattern=r"^https://")
+
+    @model_validator(mode="after")
+    def _somewhere(self):
+        if self.arxiv is None and self.url is None:
+            raise ValueError("a paper link needs 'arxiv' or 'url'")
+        return self
+
+
+class PaperInfo(Strict):
+    """An entry file's `[paper]` table: what the model cards of its entries cite. (Files without one
+    take theirs from model_cards/papers.toml, keyed by the file's stem.)"""
+
+    citation: str = ""  # BibTeX, shown on every card of the file's entries
+    prose: str = ""  # the paper's setting, shown after the family's card prose
+    links: dict[str, PaperLink] = {}  # a word of an entry's `paper` field → the paper it names (with papers.toml's)
 
 
 class Registry:
-    def __init__(self, tasks: dict[str, TaskSpec], entries: dict[str, Entry]):
+    def __init__(self, tasks: dict[str, TaskSpec], entries: dict[str, Entry], papers: dict[str, PaperInfo] | None = None):
         self.tasks = tasks
         self.entries = entries
+        self.papers = papers or {}  # entry file name (e.g. "zucchet.toml") → its [paper] table
 
     def entry(self, name: str) -> Entry:
         if name not in self.entries:
@@ -331,8 +401,9 @@ def definition_sha256(entry: dict, task: dict) -> str:
 
 def initial_construction(entry: Entry) -> Entry:
     """A trained entry with `source.init` as the constructed entry its training starts from."""
-    return entry.model_copy(update={"source": Construction(kind="constructed", construction=entry.source.init,
-                                                           eta=entry.source.init_eta)})
+    source = CONSTRUCTION_SOURCES[entry.source.init]
+    knobs = {"eta": entry.source.init_eta} if "eta" in source.model_fields else {}
+    return entry.model_copy(update={"source": source(kind="constructed", construction=entry.source.init, **knobs)})
 
 
 def construction_problem(entry: Entry, task: TaskSpec) -> str | None:
@@ -345,11 +416,18 @@ def _format_errors(file: Path, kind: str, name: str, err: ValidationError) -> st
     lines = []
     for e in err.errors():
         loc = list(e["loc"])
-        # a discriminated union puts the tag in the path (arch.gated_rnn.hidden): drop it
+        # a discriminated union puts the tag in the path (arch.gated_rnn.hidden, and a constructed source's
+        # two: source.constructed.gd.eta): drop them
         if kind == "task" and loc and loc[0] in TASK_KINDS:
             loc = loc[1:]
-        elif len(loc) > 1 and loc[0] in ("arch", "source") and loc[1] in UNION_TAGS:
+        elif len(loc) > 1 and loc[0] == "arch" and loc[1] in ARCH_TAGS:
             loc = loc[:1] + loc[2:]
+        elif len(loc) > 1 and loc[0] == "source" and loc[1] in SOURCE_TAGS:
+            tagged = loc[1] == "constructed" and len(loc) > 2 and loc[2] in CONSTRUCTION_SOURCES
+            if tagged and e["type"] == "extra_forbidden":  # a knob of another construction: say which this one takes
+                knobs = [k for k in CONSTRUCTION_SOURCES[loc[2]].model_fields if k not in Construction.model_fields]
+                e = {**e, "msg": f"'{loc[2]}' takes no such knob (its knobs: {', '.join(knobs) or 'none'})"}
+            loc = loc[:1] + loc[3 if tagged else 2:]
         field = ".".join(str(p) for p in loc) or "(entry)"
         lines.append(f"{file.name}: {kind} '{name}': field '{field}': {e['msg']}")
     return "\n".join(lines)
@@ -357,9 +435,11 @@ def _format_errors(file: Path, kind: str, name: str, err: ValidationError) -> st
 
 def load_registry(directory: Path = ENTRIES_DIR) -> Registry:
     """Every entry file of `directory`. Declared departures (`[deviations.<id>]`, in any file) are
-    one namespace: an entry names the ones that apply to it (`deviation = ["<id>", ...]`)."""
+    one namespace: an entry names the ones that apply to it (`deviation = ["<id>", ...]`). A file's
+    `[paper]` table (citation, prose, links) is what its entries' cards cite."""
     tasks: dict[str, TaskSpec] = {}
     entries: dict[str, Entry] = {}
+    papers: dict[str, PaperInfo] = {}
     errors: list[str] = []
     docs: list[tuple[Path, dict]] = []
     deviations: dict[str, tuple[Path, dict]] = {}
@@ -369,10 +449,15 @@ def load_registry(directory: Path = ENTRIES_DIR) -> Registry:
         except tomllib.TOMLDecodeError as e:
             errors.append(f"{file.name}: not valid TOML: {e}")
             continue
-        unknown = set(doc) - {"tasks", "models", "deviations"}
+        unknown = set(doc) - {"tasks", "models", "deviations", "paper"}
         if unknown:
             errors.append(f"{file.name}: unknown top-level table(s) {sorted(unknown)}; "
-                          "expected [tasks.*], [models.*] and [deviations.*]")
+                          "expected [tasks.*], [models.*], [deviations.*] and [paper]")
+        if "paper" in doc:
+            try:
+                papers[file.name] = PaperInfo.model_validate(doc["paper"])
+            except ValidationError as e:
+                errors.append(_format_errors(file, "table", "paper", e))
         for name, raw in doc.get("deviations", {}).items():
             if name in deviations:
                 errors.append(f"{file.name}: [deviations.{name}]: duplicate name (also in {deviations[name][0].name})")
@@ -430,12 +515,16 @@ def load_registry(directory: Path = ENTRIES_DIR) -> Registry:
             if problem:
                 errors.append(f"{entry.file}: entry '{entry.name}': field 'source.construction': {problem}")
         elif entry.source.init:
+            if "init_eta" in entry.source.model_fields_set and "eta" not in CONSTRUCTION_SOURCES[entry.source.init].model_fields:
+                errors.append(f"{entry.file}: entry '{entry.name}': field 'source.init_eta': "
+                              f"'{entry.source.init}' takes no eta")
+                continue
             problem = construction_problem(initial_construction(entry), tasks[entry.task])
             if problem:
                 errors.append(f"{entry.file}: entry '{entry.name}': field 'source.init': {problem}")
     if errors:
         raise RegistryError("invalid zoo registry:\n" + "\n".join(errors))
-    return Registry(tasks, entries)
+    return Registry(tasks, entries, papers)
 
 
 @functools.lru_cache(maxsize=1)

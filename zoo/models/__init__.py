@@ -1,8 +1,9 @@
 """Model families, one file each: its model, its arch config schema, its `build`, its analytic
 constructions with their applicability rules and its card prose (`FAMILY` at the end of the file).
 
-Adding a family: write zoo/models/<family>.py ending with `FAMILY = Family(...)` (it is found
-here), declare its entries in a TOML file of zoo/entries/, and add it to the README table.
+Adding a family is two new files: zoo/models/<family>.py ending with `FAMILY = Family(...)` (it is
+found here; its constructions declare their knobs, which the registry validates), and
+zoo/entries/<family>.toml with its entries and the `[paper]` table its cards cite (README, "Families").
 """
 
 from __future__ import annotations

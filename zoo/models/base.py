@@ -15,7 +15,7 @@ attention, or attention that lets earlier tokens see later ones) set `recurrent 
 
 A family (one file in zoo/models/) ends with a `FAMILY = Family(...)`: its arch config schema, the
 `build(arch, task)` that turns a validated config into a module, the analytic constructions it
-supports with their applicability rules, and its model-card prose. zoo/models/__init__.py lists the
+supports with their applicability rules and knobs (the source fields each takes), and its model-card prose. zoo/models/__init__.py lists the
 families; the registry, `create_model` and `zoo.constructions.construct` dispatch through that table.
 """
 
@@ -23,11 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import get_args
+from typing import Literal, get_args
 
 import torch
 from torch import nn
 
+from zoo.schema import Strict
 from zoo.tasks.regression import Readout
 
 
@@ -117,10 +118,25 @@ class RecurrentBlock(nn.Module):
 
 
 # ---------------------------------------------------------------------------- families
+class NoKnobs(Strict):
+    """The knobs of a construction that takes none: `source = { kind = "constructed", construction = NAME }`."""
+
+
+class GDRate(Strict):
+    """The knob of a construction that does gradient descent at a rate η."""
+
+    # GD rate (sum convention); "analytic": Zucchet C.2 (1 step); "line_search": best on the validation split for this many steps
+    eta: float | Literal["analytic", "line_search"] = "analytic"
+
+
 @dataclass(frozen=True)
 class ConstructionRule:
     """An analytic construction a family supports.
 
+    knobs: the pydantic schema (a `Strict` model, fields with defaults) of the parameters an entry
+        gives it beside `kind` and `construction`, e.g. `GDRate` (`eta`); the registry validates a
+        constructed entry's `source` against it, so a new construction declares its knobs here and
+        nowhere else.
     problem(arch, task_spec, source) -> why it cannot apply to this arch config and task spec
         (None when it can); the registry calls it when it validates an entry.
     apply(model, task, source, validation_batch) -> sets the built model's weights and returns
@@ -131,6 +147,8 @@ class ConstructionRule:
     apply: Callable[..., dict]
     description: str = ""  # one line: what the weights compute
     arch_types: tuple[str, ...] = ()  # the arch types it applies to, where not every type of its family
+    knobs: type[Strict] = NoKnobs  # the source fields it takes (`source.<knob>`), with their defaults
+    exact: bool = True  # the weights compute what the construction says exactly (False: an approximation, e.g. a linearisation)
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from zoo.models.base import ConstructionRule, Family, ZooModel
+from zoo.models.base import ConstructionRule, Family, GDRate, ZooModel
 from zoo.schema import Strict
 from zoo.tasks.regression import Readout
 
@@ -186,6 +186,7 @@ def _rule(construction: str, description: str) -> ConstructionRule:
         problem=functools.partial(_problem, construction),
         apply=lambda model, task, source, validation_batch=None: construct_fast_weight(model, task, construction, source.eta),
         description=description,
+        knobs=GDRate,
     )
 
 

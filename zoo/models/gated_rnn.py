@@ -38,7 +38,7 @@ from pydantic import Field
 from torch import nn
 
 from zoo.models.base import ConstructionRule, Family, WeightsFigure, ZooModel
-from zoo.models.lsa import implemented_lsa, lsa_problem, lsa_width
+from zoo.models.lsa import ImplementedLSA, implemented_lsa, lsa_problem, lsa_width
 from zoo.models.scan import last_state, scan
 from zoo.schema import Strict
 from zoo.tasks.regression import Readout
@@ -239,6 +239,10 @@ def build(arch: GatedRNNArch, task) -> GatedLinearRNN:
     )
 
 
+class RNNFromLSAKnobs(ImplementedLSA):
+    compact: bool = False  # d(d+1)/2 key-value neurons instead of d² (section 2.2)
+
+
 def _rnn_from_lsa_problem(arch: GatedRNNArch, task, source) -> str | None:
     problem = lsa_problem(task, source)
     if problem:
@@ -264,7 +268,8 @@ FAMILY = Family(
     arch=GatedRNNArch,
     build=build,
     constructions={"rnn_from_lsa": ConstructionRule(_rnn_from_lsa_problem, _apply_rnn_from_lsa,
-                                                    "the RNN that implements an LSA layer exactly (θ_GD or the teacher)")},
+                                                    "the RNN that implements an LSA layer exactly (θ_GD or the teacher)",
+                                                    knobs=RNNFromLSAKnobs)},
     weights=WeightsFigure(lambda rnn: gated_rnn_matrices(rnn) if rnn.recurrence == "diagonal" else None,
                           "pruned weights, neurons sorted by λ (cf. Zucchet Fig. 2.A)",
                           "gating weights, λ and readout of the pruned network"),

@@ -46,7 +46,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from zoo.models.base import ConstructionRule, Family, WeightsFigure, ZooModel
+from zoo.models.base import ConstructionRule, Family, GDRate, WeightsFigure, ZooModel
 from zoo.models.scan import last_state, scan, with_history
 from zoo.schema import Strict
 from zoo.tasks.regression import Readout, resolve_eta
@@ -400,7 +400,7 @@ FAMILY = Family(
     arch=GDSSMArch,
     build=build,
     constructions={"gd_ssm": ConstructionRule(_gd_ssm_problem, _apply_gd_ssm,
-                                              "L layers = L steps of (ridge-regularised) GD at η")},
+                                              "L layers = L steps of (ridge-regularised) GD at η", knobs=GDRate)},
     weights=WeightsFigure(gd_ssm_matrices, "window projections, Λ and read-out (cf. Sushma, Tian et al. Fig. 3)",
                           "A, B (Ã, B̃), Λ of every layer and the read-out Q, R"),
     gd_reference=lambda arch: (arch.n_layers, arch.ridge),  # one GD step per layer, with the layers' ridge

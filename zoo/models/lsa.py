@@ -38,7 +38,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from zoo.models.base import ConstructionRule, Family, NotRecurrentError, WeightsFigure, ZooModel
+from zoo.models.base import ConstructionRule, Family, GDRate, NotRecurrentError, WeightsFigure, ZooModel
 from zoo.schema import Strict
 from zoo.tasks.regression import Readout, resolve_eta
 
@@ -225,6 +225,12 @@ def teacher_lsa(task, dtype=torch.float64) -> LinearSelfAttention:
     return model.requires_grad_(False)
 
 
+class ImplementedLSA(GDRate):
+    """The knobs of a construction that implements an LSA layer (`implemented_lsa`): which one, and θ_GD's η."""
+
+    lsa: Literal["gd", "teacher"] = "gd"  # θ_GD (at `eta`) or the lsa_teacher task's teacher
+
+
 def implemented_lsa(task, source, validation_batch=None) -> tuple[tuple[torch.Tensor, ...], dict]:
     """(W_P W_V, W_K, W_Q) in float64 of the LSA layer a recurrent construction implements
     (`source.lsa`: θ_GD at the entry's η, or the task's teacher), and what to record of it."""
@@ -298,7 +304,8 @@ FAMILY = Family(
     name="lsa",
     arch=LSAArch,
     build=build,
-    constructions={"gd": ConstructionRule(_gd_problem, _apply_gd, "θ_GD: each layer (each loop) one GD step at η")},
+    constructions={"gd": ConstructionRule(_gd_problem, _apply_gd, "θ_GD: each layer (each loop) one GD step at η",
+                                          knobs=GDRate)},
     weights=WeightsFigure(lsa_matrices, "weight products", "W_K^T W_Q and W_P W_V of every layer"),
     card="""
 Linear self-attention (single head, no softmax, no normalisation, residual) on tokens

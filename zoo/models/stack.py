@@ -27,7 +27,7 @@ from zoo.models.base import ConstructionRule, Family, NotRecurrentError, Recurre
 from zoo.models.classic_rnn import GRUBlock, LSTMBlock
 from zoo.models.griffin import GriffinRecurrentBlock, LocalAttentionBlock
 from zoo.models.lru import LRUBlock, S5Block
-from zoo.models.lsa import implemented_lsa, lsa_problem, lsa_width
+from zoo.models.lsa import ImplementedLSA, implemented_lsa, lsa_problem, lsa_width
 from zoo.models.mamba import MambaBlock
 from zoo.schema import Strict
 from zoo.tasks.regression import Readout
@@ -196,6 +196,10 @@ def build(arch: RecurrentStackArch, task) -> SequenceStack:
     return SequenceStack(task.token_dim, task.d_out, task.readout, blocks, arch.width, residual=residual)
 
 
+class LSTMFromLSAKnobs(ImplementedLSA):
+    scale: float = Field(0.01, gt=0)  # linearisation scale ε (error O(ε²) until rounding)
+
+
 def _lstm_from_lsa_problem(arch: RecurrentStackArch, task, source) -> str | None:
     problem = lsa_problem(task, source)
     if problem:
@@ -217,7 +221,8 @@ FAMILY = Family(
     arch=RecurrentStackArch,
     build=build,
     constructions={"lstm_from_lsa": ConstructionRule(_lstm_from_lsa_problem, _apply_lstm_from_lsa,
-                                                     "an LSTM layer ≈ an LSA layer, exact as ε → 0", arch_types=("lstm",))},
+                                                     "an LSTM layer ≈ an LSA layer, exact as ε → 0", arch_types=("lstm",),
+                                                     knobs=LSTMFromLSAKnobs, exact=False)},
     card="""
 A deep recurrent stack (linear embedding → blocks → linear read-out, no normalisation layers, as
 Zucchet et al. A.1 compare them): LRU (with its gating variants), S5, LSTM, GRU, bi-LSTM, Mamba or
