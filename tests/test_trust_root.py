@@ -196,3 +196,12 @@ def test_publish_uploads_only_the_checkpoints_files(tmp_path, capsys):
     repo = tmp_path / "hub" / "models" / "me" / "ckpt"
     published = {p.name for p in repo.iterdir() if p.name != ".git"}
     assert published == set(release.read_index()["entries"][EXTRA_FILE]["files"])
+
+
+def test_the_from_scratch_demo_publishes_under_its_own_name():
+    """`zoo quickstart --from-scratch` publishes the LSA it trains and loads it back by repo id: under
+    `icl-zoo/` it would be a released entry's name, and the trust root would (rightly) refuse it."""
+    from zoo import quickstart
+
+    org, name = quickstart.OWN_REPO.split("/")
+    assert org.lower() != ORG and name in INDEX["entries"]  # the entry's own name, under another org

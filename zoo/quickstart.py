@@ -17,6 +17,7 @@ def say(msg: str) -> None:
 
 
 RELEASE_DEMO_ENTRY = "gated-rnn-zucchet-icl"
+OWN_REPO = "my-org/lsa-d10-c10"  # where --from-scratch publishes the LSA it trains
 
 
 def run_release(out: Path, entry: str = RELEASE_DEMO_ENTRY) -> dict:
@@ -120,21 +121,25 @@ def run(out: Path, steps: int = 1500) -> dict:
 
     from zoo import hub
     from zoo.card import write_card_and_figures
+    from zoo.registry import get_task_spec
     from zoo.tasks.frozen import load_split_from_hub
 
     root = out / "local-hub"
     say(f"publishing the frozen splits and the trained LSA to a local hub in {root} (zoo publish / publish-dataset)")
     folder, hashes = hub.dataset_folder("linreg-d10-c10", out / "dataset-linreg-d10-c10")
     ds_rev = hub.publish_local(folder, "icl-zoo/linreg-d10-c10", repo_type="dataset", root=root)
-    write_card_and_figures(again, out / "lsa-d10-c10", repo_id="icl-zoo/lsa-d10-c10",
+    # Your own model goes under your own name: `icl-zoo/<entry>` means the release, and a repo by that
+    # name holding anything else is refused by zoo.load (the shipped release index is the trust root).
+    write_card_and_figures(again, out / "lsa-d10-c10", repo_id=OWN_REPO,
                            dataset_repo="icl-zoo/linreg-d10-c10", dataset_revision=ds_rev)
-    rev = hub.publish_local(out / "lsa-d10-c10", "icl-zoo/lsa-d10-c10", root=root)
-    console.print(f"  models/icl-zoo/lsa-d10-c10 @ {rev[:10]}, datasets/icl-zoo/linreg-d10-c10 @ {ds_rev[:10]}")
+    rev = hub.publish_local(out / "lsa-d10-c10", OWN_REPO, root=root)
+    console.print(f"  models/{OWN_REPO} @ {rev[:10]}, datasets/icl-zoo/linreg-d10-c10 @ {ds_rev[:10]}")
 
     say("serving it with olah on loopback (zoo hub serve) and pulling back through huggingface_hub / datasets")
     with hub.serve(root) as endpoint:
         console.print(f"  HF_ENDPOINT={endpoint}")
-        pulled = zoo.load("icl-zoo/lsa-d10-c10", endpoint=endpoint)
+        pulled = zoo.load(OWN_REPO, endpoint=endpoint)
+        console.print(f"  {OWN_REPO}: {pulled.trust} (your model, not the release's)")
         same = all(a.equal(b) for a, b in zip(again.model.state_dict().values(), pulled.model.state_dict().values()))
         split = load_split_from_hub("icl-zoo/linreg-d10-c10", split="test", endpoint=endpoint,
                                     expected_sha256=hashes["test"]["sha256"], spec=get_task_spec("linreg-d10-c10"))
