@@ -8,9 +8,25 @@ is not one of the zoo's and is refused with one line, before any runtime sees it
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 STANDARD_DOMAINS = ("", "ai.onnx")
+
+
+def is_readout(r, d_out: int | None = None) -> bool:
+    """Is `r` (the parsed icl_zoo.readout metadata) a read-out: integer start and stop with
+    0 ≤ start < stop (≤ d_out when given), a finite number sign, and a position that is an integer or
+    null when present. The streaming runtime and the open benchmark both check graphs with it."""
+    def is_int(v):
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if not isinstance(r, dict):
+        return False
+    start, stop, sign, position = r.get("start"), r.get("stop"), r.get("sign"), r.get("position", -1)
+    return (is_int(start) and is_int(stop) and 0 <= start < stop and (d_out is None or stop <= d_out)
+            and isinstance(sign, (int, float)) and not isinstance(sign, bool) and math.isfinite(sign)
+            and (position is None or is_int(position)))
 
 
 class GraphFileError(ValueError):

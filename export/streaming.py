@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from icl_zoo_export.graph_files import check_graph_bytes
+from icl_zoo_export.graph_files import check_graph_bytes, is_readout
 
 from zoo.locate import locate
 from zoo.manifest import CHUNK_FILE, STEP_FILE, CheckpointError, contained_file
@@ -87,9 +87,7 @@ def _metadata(meta: dict[str, str], where) -> tuple[int, int, dict, list[dict]]:
 
     d_in, d_out = width("icl_zoo.d_in"), width("icl_zoo.d_out")
     readout = parsed("icl_zoo.readout")
-    if not (isinstance(readout, dict) and is_int(readout.get("start")) and is_int(readout.get("stop"))
-            and 0 <= readout["start"] < readout["stop"] <= d_out and isinstance(readout.get("sign"), (int, float))
-            and not isinstance(readout["sign"], bool) and np.isfinite(readout["sign"])):
+    if not is_readout(readout, d_out):
         raise StreamError(f"{where}: metadata icl_zoo.readout = {text('icl_zoo.readout')[:80]!r}; expected "
                           f'{{"start": int, "stop": int, "sign": number}} with 0 ≤ start < stop ≤ d_out = {d_out}')
     layout = parsed("icl_zoo.state_layout")

@@ -282,19 +282,18 @@ def as_candidate(model, *, name: str | None = None, readout=None, revision: str 
 def _readout(value, where: str) -> Readout | None:
     """A read-out from a Readout, a dict or its JSON (the ONNX metadata): position (an int, or null for
     every position), channels start:stop and a finite sign."""
+    from icl_zoo_export.graph_files import is_readout
+
     if value is None or isinstance(value, Readout):
         return value
     expected = '{"position": int or null, "start": int, "stop": int, "sign": number} with 0 ≤ start < stop'
     try:
         r = json.loads(value) if isinstance(value, str) else value
-        position, start, stop, sign = r.get("position", -1), r["start"], r["stop"], r["sign"]
-    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+    except (ValueError, TypeError, RecursionError):
         raise BenchmarkError(f"{where}: read-out {str(value)[:80]!r} is not {expected}") from None
-    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (start, stop))
-    if not (ints and 0 <= start < stop and (position is None or isinstance(position, int) and not isinstance(position, bool))
-            and isinstance(sign, (int, float)) and not isinstance(sign, bool) and math.isfinite(sign)):
+    if not is_readout(r):
         raise BenchmarkError(f"{where}: read-out {str(value)[:80]!r} is not {expected}")
-    return Readout(position=position, start=start, stop=stop, sign=float(sign))
+    return Readout(position=r.get("position", -1), start=r["start"], stop=r["stop"], sign=float(r["sign"]))
 
 
 # ---------------------------------------------------------------- running a model on a split
