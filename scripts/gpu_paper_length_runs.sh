@@ -7,6 +7,12 @@
 # Figures 3.A, 3.B below 16 neurons and 4.A (sweeps/figure-3a.toml, figure-3b-small.toml, figure-4a.toml), and the blogpost's depth sweeps of
 # Figures 7–8 and 14–16, and Figures 9–10 at C = 100 (D = 5; under 3.3 steps/s on the CPU).
 # From the repo root, stage by stage:
+#   lease SECONDS COMMIT  one device call of at most SECONDS (a 15-minute lease): benchmarks/streaming_gpu.py
+#             (1,024 streams on CUDA), Table 2 at the paper's recipe (4 seeds, 300k steps), the GRU d = 6
+#             student's release build beside it and the LRU In+Out one if Table 2 ends early (both with
+#             --time-budget); everything comes back under $OUT (unfinished runs with their resumable state).
+#             COMMIT is the commit the tree was copied from (the copy has no .git; it goes in provenance).
+#             Carry .whl (pydantic and its needs) and .zoo-cache (the frozen splits, verified by hash on load).
 #   launch    the sweep processes in the background (setsid), logs in /tmp/gpu-runs
 #   status    each ensemble's step (from its resumable state), the logs' tails, GPU use
 #   collect   the finished checkpoints (no training states) as $OUT/runs.tar.gz
@@ -14,15 +20,42 @@
 set -u
 stage=${1:?usage: scripts/gpu_paper_length_runs.sh launch|status|collect}
 RUNS=/tmp/gpu-runs
-export ICL_ZOO_CACHE=/tmp/zoo-cache MPLBACKEND=Agg PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
+export ICL_ZOO_CACHE=/tmp/zoo-cache MPLBACKEND=Agg PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1
 if [ ! -d /tmp/site ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
 fi
+if [ -d .zoo-cache ] && [ ! -d $ICL_ZOO_CACHE ]; then mkdir -p $ICL_ZOO_CACHE && cp -r .zoo-cache/. $ICL_ZOO_CACHE/; fi
 zoo() { python3 -m zoo.cli "$@"; }
 mkdir -p $RUNS
 GDSSM_LR="--set source.lr=3e-3 --set source.recurrent_lr=1.5e-3 --set source.warmup_steps=200"
 
 case $stage in
+lease)
+  budget=${2:?seconds}; export ICL_ZOO_COMMIT=${3:?commit}; out=${OUT:?}
+  start() { name=$1; shift; setsid nohup bash -c "$(declare -f zoo); $*" >$RUNS/$name.log 2>&1 < /dev/null & }
+  running() { pgrep -f "zoo.cli $1" > /dev/null; }
+  { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    python3 -c 'import torch, onnxruntime as o, pyarrow; print("torch", torch.__version__, "onnxruntime", o.__version__, o.get_available_providers(), "pyarrow", pyarrow.__version__)'
+    nproc; } 2>&1 | tee $out/device.txt
+  timeout 150 python3 benchmarks/streaming_gpu.py --json $out/streaming-gpu.json 2>&1 | tee $out/streaming-gpu.log | tail -n 12
+  echo "streaming done at ${SECONDS}s"
+  start table-2 "zoo sweep sweeps/table-2-paper-recipe.toml --out $RUNS/table-2-paper-recipe --quiet"
+  start release-gru "zoo release build --only gru-student-d6 --root $RUNS/release-gru --force --device ${DEVICE:-cuda} --time-budget $((budget - SECONDS - 300))"
+  sleep 20
+  while [ $SECONDS -lt $((budget - 30)) ] && running sweep; do sleep 5; done
+  echo "table 2 sweep ended or stopped at ${SECONDS}s"
+  left=$((budget - SECONDS - 170))
+  if [ $left -gt 60 ]; then start release-lru "zoo release build --only lru-in-out-student-d6 --root $RUNS/release-lru --force --device ${DEVICE:-cuda} --time-budget $left"; fi
+  sleep 10
+  while [ $SECONDS -lt $((budget - 30)) ] && running release; do sleep 5; done
+  pkill -f zoo.cli; sleep 3
+  for f in $RUNS/*/.ensembles/*/train_state.json; do [ -e "$f" ] && python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print(sys.argv[1], m['step'])" "$f"; done
+  for f in $RUNS/*.log; do echo "== $f"; tail -c 400 $f | tr "\r" "\n" | tail -n 3; done
+  # unfinished runs keep their training state; each release build wrote its own root (no shared index.json)
+  (cd $RUNS && tar czf $out/runs.tar.gz --exclude='*.onnx' --exclude='release-*' .)
+  (cd $RUNS && tar czf $out/release.tar.gz $(ls -d release-* 2>/dev/null))
+  ls -la $out; echo "done at ${SECONDS}s"
+  ;;
 launch)
   start() { name=$1; shift; setsid nohup bash -c "$(declare -f zoo); $*" >$RUNS/$name.log 2>&1 < /dev/null & }
   start ts           "zoo sweep sweeps/teacher-student-d4.toml --out $RUNS/ts --quiet"   # B.1: ν at the lr

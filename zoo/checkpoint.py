@@ -18,6 +18,7 @@ checkpoint with its graphs (`Checkpoint.save_files(folder, graphs=...)`), hashes
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,17 +71,20 @@ def save_weights(state: dict, path: Path, *, config_sha256: str) -> None:
 
 def git_commit() -> str:
     """HEAD of the source tree this code runs from, with "-dirty" when tracked files outside
-    `release/` differ from it (the built checkpoint then comes from uncommitted code)."""
+    `release/` differ from it (the built checkpoint then comes from uncommitted code). A copy of the
+    tree without its .git folder (a GPU machine's) is "unknown" unless ICL_ZOO_COMMIT names the commit
+    it was copied from (scripts/gpu_paper_length_runs.sh sets it)."""
     here = Path(__file__).parent
+    fallback = os.environ.get("ICL_ZOO_COMMIT") or "unknown"
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
         if out.returncode != 0:
-            return "unknown"
+            return fallback
         status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)release"],
                                 cwd=here.parent, capture_output=True, text=True, timeout=5)
         return out.stdout.strip() + ("-dirty" if status.returncode == 0 and status.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        return fallback
 
 
 @dataclass
