@@ -173,11 +173,13 @@ def last_state(lam: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """h_T of h_t = λ ⊙ h_{t−1} + b_t from h_0 = 0 with a time-invariant λ (…, C) and b (B, T, …, C),
     for a read-out that needs the last state only. Eager: Σ_t λ^{T−t} ⊙ b_t, one weighted sum
     (powers by a cumulative product: exact and differentiable at λ = 0 and 1). Compiled: the
-    recurrence itself, keeping no intermediate state, which inductor fuses into one loop."""
+    recurrence itself, keeping no intermediate state, which inductor fuses into one loop; the same
+    while a CUDA graph is being captured (cumprod's backward checks its input for zeros on the host,
+    which a capture forbids)."""
     if lam.dim() != b.dim() - 2:  # λ must span b's channel axes: powers (T, …) line up with b's (B, T, …)
         raise ValueError(f"λ of shape {tuple(lam.shape)} does not match b of shape {tuple(b.shape)} (B, T, …)")
     T = b.shape[1]
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or (b.is_cuda and torch.cuda.is_current_stream_capturing()):
         b_steps = b.unbind(1)  # not b[:, t]: see time_steps
         h = b_steps[0]
         for b_t in b_steps[1:]:

@@ -11,6 +11,7 @@ over 32 steps and are declared in the registry entry.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -63,7 +64,7 @@ class LSATeacherTask:
 
     def teacher_outputs(self, x: torch.Tensor) -> torch.Tensor:
         """y_t = Σ_{t' ≤ t} (W_V x_t')(W_K x_t')ᵀ (W_Q x_t) for x (B, T, d), in x's dtype."""
-        w = {k: v.to(x.device) for k, v in self.teacher_weights(x.dtype).items()}
+        w = _weights_on(self, x.device, x.dtype)
         q, k, v = x @ w["w_q"].T, x @ w["w_k"].T, x @ w["w_v"].T  # (B, T, d)
         s = torch.arange(x.shape[1], device=x.device)
         causal = (s <= s.unsqueeze(1)).to(x.dtype)  # (T, T): [t, t'] = 1 for t' ≤ t
@@ -88,3 +89,10 @@ class LSATeacherTask:
     @staticmethod
     def loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return 0.5 * ((pred - target) ** 2).mean()
+
+
+@functools.lru_cache(maxsize=32)
+def _weights_on(task, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The teacher's weights on `device`, made once: a step replayed as a CUDA graph may not copy them
+    from the host while it is being captured (the eager steps before the capture fill this cache)."""
+    return {k: v.to(device) for k, v in task.teacher_weights(dtype).items()}
