@@ -62,7 +62,7 @@ def _run(method: str, length: int, batch: int, folder: str, entry: str, queue) -
 
     torch.set_num_threads(1)
     import zoo
-    from icl_zoo_export import StreamingSession
+    from zoo.export.streaming import StreamingSession
 
     ckpt = zoo.load(folder)
     d = ckpt.model.d_in

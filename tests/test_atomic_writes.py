@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import zoo
-from icl_zoo_export import onnx_export
+from zoo.export import onnx_export
 from zoo import atomic, release
 from zoo.cli import main
 
@@ -89,7 +89,7 @@ def test_an_export_killed_by_sigkill_is_undone_by_the_next_save(tmp_path):
     before = snapshot(folder)
     script = textwrap.dedent(f"""
         import os, signal
-        from icl_zoo_export import onnx_export
+        from zoo.export import onnx_export
         def graphs(ckpt, folder):  # a newer exporter's graph, then the kill
             (folder / "model.onnx").write_bytes(b"exported again")
             os.kill(os.getpid(), signal.SIGKILL)

@@ -127,13 +127,13 @@ def test_checkpoint_layer_imports_no_export():
     nodes = list(ast.walk(ast.parse(inspect.getsource(zoo.checkpoint))))  # in-function imports included
     imported = {n.module for n in nodes if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in nodes if isinstance(n, ast.Import) for a in n.names}
-    assert not {m for m in imported if m and (m.split(".")[0] == "icl_zoo_export" or m in ("zoo.release", "zoo.hub", "zoo.locate"))}
+    assert not {m for m in imported if m and (m.split(".")[0] == "zoo.export" or m in ("zoo.release", "zoo.hub", "zoo.locate"))}
 
 
 def test_save_checkpoint_writes_exactly_the_released_files(tmp_path, monkeypatch):
-    """icl_zoo_export.save_checkpoint gives a released checkpoint's folder back file for file, graphs
+    """zoo.export.save_checkpoint gives a released checkpoint's folder back file for file, graphs
     hashed in config.json; a plain save_pretrained writes no graphs and drops ones left in the folder."""
-    from icl_zoo_export import save_checkpoint
+    from zoo.export.onnx_export import save_checkpoint
     from zoo.checkpoint import Checkpoint
     from zoo.locate import release_dir
     from zoo.manifest import GRAPH_FILES, verify_files
@@ -146,7 +146,7 @@ def test_save_checkpoint_writes_exactly_the_released_files(tmp_path, monkeypatch
     assert sorted(p.name for p in out.iterdir()) == released
     files = verify_files(out).config["files"]
     assert set(GRAPH_FILES) <= set(files)
-    assert "from icl_zoo_export import StreamingSession" in (out / "README.md").read_text()
+    assert "from zoo.export.streaming import StreamingSession" in (out / "README.md").read_text()
 
     ckpt.save_pretrained(out)  # the huggingface_hub path: no graphs, none left behind unhashed or stale
     assert not any((out / g).exists() for g in GRAPH_FILES)

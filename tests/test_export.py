@@ -8,15 +8,10 @@ import onnx
 import pytest
 import torch
 
-from icl_zoo_export import (
-    StreamError,
-    StreamingSession,
-    export_chunk,
-    export_sequence,
-    export_step,
-)
-from icl_zoo_export.streaming import CHUNK, PARALLEL_MAX_BATCH, PARALLEL_TOKENS
-from icl_zoo_export.token_io import read_tokens
+from zoo.export.onnx_export import export_chunk, export_sequence, export_step
+from zoo.export.streaming import StreamError, StreamingSession
+from zoo.export.streaming import CHUNK, PARALLEL_MAX_BATCH, PARALLEL_TOKENS
+from zoo.export.token_io import read_tokens
 from zoo.constructions import construct
 from zoo.models import create_model
 from zoo.registry import get_task_spec, list_entries
@@ -336,13 +331,13 @@ def test_chunk_graph_under_plain_onnxruntime(name, tmp_path):
 STREAM_WITHOUT_TORCH = """
 import sys
 import numpy as np
-from icl_zoo_export import StreamingSession
+from zoo.export.streaming import StreamingSession
 for where in sys.argv[1:]:  # a checkpoint folder, then a bare released entry name
     session = StreamingSession(where)
     session.reset(2)
     assert session.push(np.zeros((2, 3, session.d_in), np.float32)).shape == (2, 3, session.d_out)
 loaded = sorted(m for m in ("torch", "safetensors.torch", "pydantic", "zoo.checkpoint", "zoo.release", "zoo.registry",
-                            "zoo.hub", "icl_zoo_export.onnx_export") if m in sys.modules)
+                            "zoo.hub", "zoo.export.onnx_export") if m in sys.modules)
 print("loaded:", loaded)
 """
 

@@ -126,7 +126,7 @@ def test_publish_to_real_hub_makes_the_right_calls(published, monkeypatch):
 
 
 def test_stream_a_hub_repo_with_onnx(published, tmp_path, monkeypatch):
-    from icl_zoo_export import StreamingSession
+    from zoo.export.streaming import StreamingSession
 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     session = StreamingSession(MODEL_REPO, endpoint=published["endpoint"])

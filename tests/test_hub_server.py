@@ -1,14 +1,30 @@
 """The local hub server serves its own repos and nothing else: raw hostile request paths (not
-normalised by a client) never reach a file or a git history outside the hub root."""
+normalised by a client) never reach a file or a git history outside the hub root. And it answers
+the ordinary read calls of huggingface_hub and datasets (a table of calls against a hub prepared
+from one released entry), while every write is refused."""
 
+import hashlib
 import http.client
+import json
 import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 from urllib.parse import urlparse
 
+import numpy as np
+import pyarrow as pa
 import pytest
-from huggingface_hub import HfApi, hf_hub_download
+from huggingface_hub import (
+    HfApi,
+    get_hf_file_metadata,
+    hf_hub_download,
+    hf_hub_url,
+    snapshot_download,
+)
+from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
 
 from zoo import hub
 
@@ -52,11 +68,13 @@ def server(tmp_path_factory):
         hub.stop_server(proc)
 
 
-def _raw(endpoint, method, path, body=None):
+def _raw(endpoint, method, path, body=None, headers=None):
     """One request with the path sent byte for byte (requests/httpx would normalise '..')."""
     conn = http.client.HTTPConnection(urlparse(endpoint).netloc, timeout=30)
     try:
         conn.putrequest(method, path, skip_accept_encoding=True)
+        for name, value in (headers or {}).items():
+            conn.putheader(name, value)
         if body is not None:
             conn.putheader("Content-Length", str(len(body)))
         conn.endheaders(body)
@@ -96,6 +114,18 @@ HOSTILE = [
     ("GET", "/api/models/evil/link/commits/main"),
     ("GET", "/api/models/icl-zoo/x/../../../../commits/main"),
     ("GET", "/api/models/icl-zoo/x/tree/main/..%2f..%2f..%2f..%2f"),
+    ("GET", "/api/models/icl-zoo/x/revision/..%2f..%2fmain"),
+    ("GET", "/api/models/icl-zoo/x/tree/main/%2e%2e/%2e%2e"),
+    ("GET", "/api/models/evil/link"),
+    ("GET", "/api/models/evil/link/refs"),
+    ("GET", "/api/models/evil/link/tree/main"),
+    ("GET", "/api/collections/../../secret.txt"),
+    ("GET", "/api/collections/%2e%2e/%2e%2e"),
+    ("POST", "/api/models/../../paths-info/main"),
+    ("POST", "/api/models/evil/link/paths-info/main"),
+    ("POST", "/api/models/icl-zoo/x/commit/main"),
+    ("POST", "/api/repos/create"),
+    ("PATCH", "/api/models/icl-zoo/x/settings"),
     ("HEAD", "/../../resolve/main/secret.txt"),
     ("HEAD", "/%2e%2e/%2e%2e/resolve/main/secret.txt"),
     ("POST", "/api/models/icl-zoo/x/paths-info/main"),
@@ -112,6 +142,20 @@ def test_hostile_requests_never_reach_outside_the_hub(server):
             let_through.append((method, path, status, body[:200]))
         assert 400 <= status < 500, (method, path, status, body[:200])
     assert not let_through
+
+
+def test_paths_and_commits_outside_the_hub_are_not_found(server):
+    ep, tmp = server["endpoint"], server["tmp"]
+    outside = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp, capture_output=True, text=True, check=True).stdout.strip()
+    for path in (f"/icl-zoo/x/resolve/{outside}/secret.txt", f"/api/models/icl-zoo/x/revision/{outside}",
+                 f"/api/models/icl-zoo/x/commits/{outside}", f"/api/models/icl-zoo/x/tree/{outside}"):
+        status, body = _raw(ep, "GET", path)
+        assert status == 404 and SECRET not in body and SECRET_COMMIT.encode() not in body, (path, status)
+    form = b"paths=secret.txt&paths=../../secret.txt&paths=..%2f..%2fsecret.txt&expand=true"
+    for repo in ("icl-zoo/x", "evil/link"):
+        status, body = _raw(ep, "POST", f"/api/models/{repo}/paths-info/main", body=form,
+                            headers={"Content-Type": "application/x-www-form-urlencoded"})
+        assert (status, body) == (200, b"[]") if repo == "icl-zoo/x" else status == 404, (repo, status, body)
 
 
 def test_served_root_is_absolute(server):
@@ -131,9 +175,301 @@ def test_the_hub_s_own_repos_still_download(server, tmp_path):
     assert sorted(api.list_repo_files(DATASET, repo_type="dataset")) == ["README.md", "data/sub/train.csv"]
     tree = list(api.list_repo_tree(DATASET, path_in_repo="data/sub", repo_type="dataset"))  # tree/main/data%2Fsub
     assert [f.path for f in tree] == ["data/sub/train.csv"]
-    status, body = _raw(ep, "GET", "/api/models/icl-zoo/x/commits/main")  # (olah's payload lacks what list_repo_commits wants)
+    status, body = _raw(ep, "GET", "/api/models/icl-zoo/x/commits/main")
     assert status == 200 and server["rev"].encode() in body
     status, body = _raw(ep, "GET", "/icl-zoo/x/resolve/main/config.json")  # the raw form of a good request
     assert (status, body) == (200, b'{"entry": "x"}')
     status, _ = _raw(ep, "GET", "/icl-zoo/missing/resolve/main/config.json")
     assert status == 404
+
+
+# ---------------------------------------------------------------- conformance: a hub prepared from the release
+ENTRY = "gated-rnn-student-d4"  # small, with safetensors + ONNX graphs + figures; its task's splits are small
+ORG_ENTRY = f"icl-zoo/{ENTRY}"
+
+
+def git_blob_sha1(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _front_matter(text: str) -> dict:
+    import yaml
+
+    return yaml.safe_load(text.split("---\n", 2)[1])
+
+
+def _parameters(path: Path) -> dict[str, int]:
+    """Parameters per dtype, read with the safetensors library (independently of the server)."""
+    from safetensors import safe_open
+
+    counts: dict[str, int] = {}
+    with safe_open(str(path), framework="numpy") as f:
+        for key in f.keys():  # noqa: SIM118  (a safe_open handle, not a dict)
+            t = f.get_slice(key)
+            counts[t.get_dtype()] = counts.get(t.get_dtype(), 0) + int(np.prod(t.get_shape()))
+    return counts
+
+
+@pytest.fixture(scope="module")
+def release_hub(tmp_path_factory):
+    """A one-entry release (ENTRY's released folder and an index of its files) prepared into a hub with
+    zoo.hub_prepare (model repo + its task's dataset repo, tagged with the version), then a second
+    commit on the model's main, and another organisation's repo; served by `zoo.hub.start_server`."""
+    from zoo.hub_prepare import prepare
+    from zoo.locate import VERSION, release_dir
+
+    tmp = tmp_path_factory.mktemp("release-hub")
+    release = tmp / "release"
+    shutil.copytree(release_dir() / ENTRY, release / ENTRY)
+    files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((release / ENTRY).iterdir())}
+    (release / "index.json").write_text(json.dumps({"version": VERSION, "entries": {ENTRY: {"entry": ENTRY, "files": files}}}))
+    root = tmp / "hub"
+    marker = prepare(root, release, progress=False)
+    again = prepare(root, release, progress=False)
+    task = json.loads((release / ENTRY / "config.json").read_text())["entry"]["task"]
+
+    edited = tmp / "edited"
+    shutil.copytree(release / ENTRY, edited)
+    (edited / "NOTES.md").write_text("a later commit on main\n")
+    main = hub.publish_local(edited, ORG_ENTRY, root=root, message="Add notes\n\nbody of the message")
+    other = tmp / "other"
+    other.mkdir()
+    (other / "README.md").write_text("---\ntags:\n- icl-zoo\n---\n# not ours\n")
+    hub.publish_local(other, "other-org/gated-rnn-student-d4-copy", root=root)
+
+    proc, endpoint = hub.start_server(root)
+    try:
+        yield SimpleNamespace(
+            endpoint=endpoint, api=HfApi(endpoint=endpoint), root=root, folder=release / ENTRY, files=files,
+            version=VERSION, task=task, dataset=f"icl-zoo/{task}", tagged=marker["models"][ENTRY], main=main,
+            marker=marker, again=again, card=_front_matter((release / ENTRY / "README.md").read_text()),
+            tmp=tmp, proc=proc,
+        )
+    finally:
+        hub.stop_server(proc)
+
+
+def test_prepare_once_per_release(release_hub):
+    h = release_hub
+    assert h.marker["reused"] is False and h.again["reused"] is True and h.again["key"] == h.marker["key"]
+    assert set(h.marker["models"]) == {ENTRY} and set(h.marker["datasets"]) == {h.task}
+    from zoo.hub_prepare import is_prepared, release_key
+
+    assert is_prepared(h.root, h.marker["key"])
+    changed = h.tmp / "release-changed"
+    shutil.copytree(h.folder.parent, changed)
+    (changed / "index.json").write_text((changed / "index.json").read_text() + "\n")
+    assert release_key(changed)[0] != h.marker["key"]  # any change to index.json prepares again
+
+
+def _model_listing(h):
+    api = h.api
+    assert [m.id for m in api.list_models(author="icl-zoo")] == [ORG_ENTRY]
+    assert sorted(m.id for m in api.list_models(search="student-d4")) == [ORG_ENTRY, "other-org/gated-rnn-student-d4-copy"]
+    assert [m.id for m in api.list_models(search="student-d4", author="icl-zoo")] == [ORG_ENTRY]
+    tag = next(t for t in h.card["tags"] if t != "icl-zoo")  # the other org's repo has only "icl-zoo"
+    assert [m.id for m in api.list_models(filter=tag)] == [ORG_ENTRY]
+    assert [m.id for m in api.list_models(filter=[tag, "onnx"], author="icl-zoo")] == [ORG_ENTRY]
+    assert list(api.list_models(filter="no-such-tag")) == [] and list(api.list_models(search="nothing-like-it")) == []
+    (m,) = api.list_models(author="icl-zoo", cardData=True)
+    assert m.pipeline_tag == h.card["pipeline_tag"] and m.card_data.get("tags") == h.card["tags"]
+
+
+def _dataset_listing(h):
+    assert [d.id for d in h.api.list_datasets(author="icl-zoo")] == [h.dataset]
+    assert [d.id for d in h.api.list_datasets(search=h.task)] == [h.dataset]
+    assert [d.id for d in h.api.list_datasets(filter="format:parquet")] == [h.dataset]
+
+
+def _model_info(h):
+    latest, tagged = h.api.model_info(ORG_ENTRY), h.api.model_info(ORG_ENTRY, revision=h.version)
+    assert (latest.sha, tagged.sha) == (h.main, h.tagged) and latest.sha != tagged.sha
+    assert h.api.model_info(ORG_ENTRY, revision=h.tagged).sha == h.tagged
+    for info in (latest, tagged):
+        assert set(h.card["tags"]) <= set(info.tags)  # what the card says, plus what the Hub derives:
+        assert {"safetensors", "onnx", f"license:{h.card['license']}"} | {f"dataset:{d}" for d in h.card["datasets"]} <= set(info.tags)
+        assert info.pipeline_tag == h.card["pipeline_tag"] and info.library_name == h.card["library_name"]
+        assert info.card_data.to_dict()["model-index"] == h.card["model-index"]
+        assert info.config == json.loads((h.folder / "config.json").read_text())
+        params = _parameters(h.folder / "model.safetensors")
+        assert info.safetensors.parameters == params and info.safetensors.total == sum(params.values()) > 0
+        assert info.author == "icl-zoo" and info.private is False and info.last_modified is not None
+    assert sorted(s.rfilename for s in tagged.siblings) == sorted(h.files)
+    assert sorted(s.rfilename for s in latest.siblings) == sorted([*h.files, "NOTES.md"])
+    blobs = {s.rfilename: s for s in h.api.model_info(ORG_ENTRY, revision=h.version, files_metadata=True).siblings}
+    assert blobs["model.safetensors"].lfs.sha256 == h.files["model.safetensors"]  # the release index's hash
+    assert blobs["config.json"].lfs is None and blobs["config.json"].size == (h.folder / "config.json").stat().st_size
+    only = h.api.model_info(ORG_ENTRY, expand=["safetensors", "pipeline_tag"])
+    assert only.safetensors.total == tagged.safetensors.total and only.tags is None
+
+
+def _dataset_info(h):
+    latest, tagged = h.api.dataset_info(h.dataset), h.api.dataset_info(h.dataset, revision=h.version)
+    assert latest.sha == tagged.sha == h.marker["datasets"][h.task]
+    assert {"icl-zoo", "in-context-learning", "license:apache-2.0", "format:parquet"} <= set(latest.tags)
+    assert latest.card_data.to_dict()["configs"][0]["config_name"] == "default"
+    assert {s.rfilename for s in latest.siblings} >= {"README.md", "hashes.json", "data/test-00000-of-00001.parquet"}
+
+
+def _repo_exists(h):
+    api = h.api
+    assert api.repo_exists(ORG_ENTRY) and api.repo_exists(h.dataset, repo_type="dataset")
+    assert not api.repo_exists("icl-zoo/no-such-entry") and not api.repo_exists(ORG_ENTRY, repo_type="dataset")
+    assert api.revision_exists(ORG_ENTRY, h.version) and api.revision_exists(ORG_ENTRY, h.tagged)
+    assert not api.revision_exists(ORG_ENTRY, "v9.9.9") and not api.revision_exists(ORG_ENTRY, "0" * 40)
+    assert api.file_exists(ORG_ENTRY, "NOTES.md") and not api.file_exists(ORG_ENTRY, "NOTES.md", revision=h.version)
+
+
+def _refs(h):
+    refs = h.api.list_repo_refs(ORG_ENTRY)
+    assert [(b.name, b.ref, b.target_commit) for b in refs.branches] == [("main", "refs/heads/main", h.main)]
+    assert [(t.name, t.ref, t.target_commit) for t in refs.tags] == [(h.version, f"refs/tags/{h.version}", h.tagged)]
+    assert refs.converts == [] and h.api.list_repo_refs(ORG_ENTRY, include_pull_requests=True).pull_requests == []
+
+
+def _commits(h):
+    commits = h.api.list_repo_commits(ORG_ENTRY)
+    assert [c.commit_id for c in commits] == [h.main, h.tagged]
+    assert (commits[0].title, commits[0].message) == ("Add notes", "body of the message")
+    assert commits[1].title == f"icl-zoo release {h.version}" and commits[0].authors == ["icl-zoo"]
+    assert commits[0].created_at >= commits[1].created_at
+    assert [c.commit_id for c in h.api.list_repo_commits(ORG_ENTRY, revision=h.version)] == [h.tagged]
+
+
+def _tree(h):
+    api = h.api
+    root = {e.path: e for e in api.list_repo_tree(ORG_ENTRY, revision=h.version)}
+    assert set(root) == set(h.files)
+    assert root["model.safetensors"].lfs.sha256 == h.files["model.safetensors"] and root["README.md"].lfs is None
+    ds = {e.path: type(e).__name__ for e in api.list_repo_tree(h.dataset, repo_type="dataset")}
+    assert ds["data"] == "RepoFolder" and "data/test-00000-of-00001.parquet" not in ds
+    deep = {e.path: e for e in api.list_repo_tree(h.dataset, repo_type="dataset", recursive=True, expand=True)}
+    assert type(deep["data"]).__name__ == "RepoFolder" and deep["data/test-00000-of-00001.parquet"].size > 0
+    assert deep["README.md"].last_commit.oid == h.marker["datasets"][h.task]
+    assert [e.path for e in api.list_repo_tree(h.dataset, path_in_repo="data", repo_type="dataset")] == \
+        [f"data/{s}-00000-of-00001.parquet" for s in ("test", "validation")]
+    assert sorted(api.list_repo_files(ORG_ENTRY)) == sorted([*h.files, "NOTES.md"])
+    with pytest.raises(EntryNotFoundError):
+        list(api.list_repo_tree(ORG_ENTRY, path_in_repo="no-such-folder"))
+
+
+def _paths_info(h):
+    got = h.api.get_paths_info(h.dataset, ["data", "README.md", "no/such/file"], repo_type="dataset", expand=True)
+    assert [(type(e).__name__, e.path) for e in got] == [("RepoFolder", "data"), ("RepoFile", "README.md")]
+    assert got[1].last_commit.oid == h.marker["datasets"][h.task]
+    (st,) = h.api.get_paths_info(ORG_ENTRY, "model.safetensors", revision=h.version)
+    assert st.lfs.sha256 == h.files["model.safetensors"] and st.size == (h.folder / "model.safetensors").stat().st_size
+
+
+def _downloads(h):
+    cache = h.tmp / "hf-cache"
+    path = Path(hf_hub_download(ORG_ENTRY, "model.safetensors", revision=h.version, endpoint=h.endpoint, cache_dir=cache))
+    assert path.read_bytes() == (h.folder / "model.safetensors").read_bytes()
+    assert path.resolve().name == h.files["model.safetensors"]  # the cache's blob is named by the ETag: the SHA-256
+    meta = get_hf_file_metadata(hf_hub_url(ORG_ENTRY, "config.json", revision=h.version, endpoint=h.endpoint))
+    assert meta.commit_hash == h.tagged and meta.size == (h.folder / "config.json").stat().st_size
+    assert meta.etag == git_blob_sha1((h.folder / "config.json").read_bytes())  # a plain file's ETag: its git oid
+    snap = Path(snapshot_download(ORG_ENTRY, revision=h.version, endpoint=h.endpoint, cache_dir=cache))
+    assert snap.name == h.tagged
+    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in snap.iterdir()} == h.files
+    latest = Path(snapshot_download(ORG_ENTRY, endpoint=h.endpoint, cache_dir=cache))
+    assert latest.name == h.main and (latest / "NOTES.md").is_file()
+    data = hf_hub_download(h.dataset, "hashes.json", repo_type="dataset", endpoint=h.endpoint, cache_dir=cache)
+    assert json.loads(Path(data).read_text())["task"] == h.task
+
+
+def _ranges(h):
+    path = f"/datasets/{h.dataset}/resolve/{h.version}/data/test-00000-of-00001.parquet"
+    whole = _raw(h.endpoint, "GET", path)[1]
+    assert whole[:4] == whole[-4:] == b"PAR1"
+    assert _raw(h.endpoint, "GET", path, headers={"Range": "bytes=0-3"}) == (206, b"PAR1")
+    assert _raw(h.endpoint, "GET", path, headers={"Range": "bytes=-4"}) == (206, b"PAR1")
+    assert _raw(h.endpoint, "GET", path, headers={"Range": "bytes=100-199"}) == (206, whole[100:200])
+    assert _raw(h.endpoint, "GET", path, headers={"Range": f"bytes={len(whole)}-"})[0] == 416
+    import pyarrow.parquet as pq
+    from huggingface_hub import HfFileSystem
+
+    fs = HfFileSystem(endpoint=h.endpoint)  # reads by Range requests
+    with fs.open(f"datasets/{h.dataset}@{h.version}/data/test-00000-of-00001.parquet", block_size=1 << 16) as f:
+        table = pq.ParquetFile(f).read()
+    assert table.equals(pq.read_table(pa.BufferReader(whole)))
+
+
+DATASETS_SCRIPT = """
+import json, sys
+import datasets
+repo, revision = sys.argv[1], sys.argv[2]
+stream = datasets.load_dataset(repo, split="test", streaming=True, revision=revision)
+rows = list(stream)
+full = datasets.load_dataset(repo, split="test", revision=revision)
+print(json.dumps({"n": len(rows), "first_x": rows[0]["x"], "full_n": full.num_rows, "full_first_x": full[0]["x"]}))
+"""
+
+
+def _datasets_load(h):
+    """`datasets` pointed at the hub through HF_ENDPOINT, as a user does, in a fresh process."""
+    import pyarrow.parquet as pq
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE"))}
+    env.update(HF_ENDPOINT=h.endpoint, HF_HOME=str(h.tmp / "hf-home"), HF_HUB_DISABLE_TELEMETRY="1")
+    out = subprocess.run([sys.executable, "-c", DATASETS_SCRIPT, h.dataset, h.version], env=env,
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    hashes = json.loads(_raw(h.endpoint, "GET", f"/datasets/{h.dataset}/resolve/main/hashes.json")[1])
+    table = pq.read_table(pa.BufferReader(_raw(h.endpoint, "GET", f"/datasets/{h.dataset}/resolve/main/data/test-00000-of-00001.parquet")[1]))
+    assert got["n"] == got["full_n"] == hashes["splits"]["test"]["n"] == table.num_rows
+    assert got["first_x"] == got["full_first_x"] == table.column("x")[0].as_py()
+
+
+def _collection(h):
+    (listed,) = h.api.list_collections(owner="icl-zoo")
+    assert list(h.api.list_collections(owner="someone-else")) == []
+    c = h.api.get_collection(listed.slug)
+    assert c.slug == listed.slug and c.slug.startswith("icl-zoo/") and h.version in c.title
+    assert (c.owner if isinstance(c.owner, str) else c.owner["name"]) == "icl-zoo"
+    assert [(i.item_type, i.item_id) for i in c.items] == [("model", ORG_ENTRY), ("dataset", h.dataset)]
+    with pytest.raises(HfHubHTTPError):
+        h.api.get_collection("icl-zoo/no-such-collection-0123")
+
+
+def _writes_refused(h):
+    api = HfApi(endpoint=h.endpoint, token="hf_not_a_real_token")
+    attempts = [
+        lambda: api.create_repo("icl-zoo/new"),
+        lambda: api.upload_file(path_or_fileobj=b"x", path_in_repo="x.txt", repo_id=ORG_ENTRY),
+        lambda: api.create_tag(ORG_ENTRY, tag="v9"),
+        lambda: api.delete_repo(ORG_ENTRY),
+        lambda: api.create_collection("mine", namespace="icl-zoo"),
+    ]
+    for attempt in attempts:
+        with pytest.raises(HfHubHTTPError) as e:
+            attempt()
+        assert 400 <= e.value.response.status_code < 500
+    assert h.api.list_repo_commits(ORG_ENTRY)[0].commit_id == h.main  # nothing moved
+    for method, path in [("PUT", f"/{ORG_ENTRY}/resolve/main/README.md"), ("DELETE", f"/api/models/{ORG_ENTRY}"),
+                         ("POST", f"/api/models/{ORG_ENTRY}/commit/main"), ("PATCH", f"/api/models/{ORG_ENTRY}/settings")]:
+        assert 400 <= _raw(h.endpoint, method, path, body=b"{}")[0] < 500
+
+
+CALLS = {
+    "list_models (author, search, filter)": _model_listing,
+    "list_datasets (author, search, filter)": _dataset_listing,
+    "model_info (with and without revision; card, config, safetensors)": _model_info,
+    "dataset_info (with and without revision)": _dataset_info,
+    "repo_exists / revision_exists / file_exists": _repo_exists,
+    "list_repo_refs": _refs,
+    "list_repo_commits": _commits,
+    "list_repo_tree / list_repo_files": _tree,
+    "get_paths_info (POST paths-info)": _paths_info,
+    "hf_hub_download / snapshot_download with etags": _downloads,
+    "Range requests / pyarrow over HfFileSystem": _ranges,
+    "datasets.load_dataset (streaming and not)": _datasets_load,
+    "list_collections / get_collection": _collection,
+    "writes refused": _writes_refused,
+}
+
+
+@pytest.mark.parametrize("call", list(CALLS))
+def test_hub_call(release_hub, call):
+    CALLS[call](release_hub)

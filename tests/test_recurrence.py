@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from icl_zoo_export import StreamingSession, export_step
+from zoo.export.streaming import StreamingSession
+from zoo.export.onnx_export import export_step
 from zoo.constructions import construct
 from zoo.models import FAMILY_OF_TYPE, create_model
 from zoo.registry import get_entry, get_task_spec, list_entries, with_overrides

@@ -125,7 +125,7 @@ def test_released_entry_pulls_rescores_and_streams(served, name):
     (out,) = sequence.run(None, {"tokens": tokens.numpy()})
     graphs = [out]
     if (folder / "model_step.onnx").exists():
-        from icl_zoo_export import StreamingSession
+        from zoo.export.streaming import StreamingSession
 
         session = StreamingSession(folder)
         session.reset(tokens.shape[0])
@@ -155,7 +155,7 @@ def test_plain_clients_with_hf_endpoint(served, tmp_path):
 
     code = f"""
 import datasets, numpy as np, zoo
-from icl_zoo_export import StreamingSession
+from zoo.export.streaming import StreamingSession
 ds = datasets.load_dataset("icl-zoo/zucchet-icl", split="test", revision="{INDEX['version']}")
 ckpt = zoo.load("icl-zoo/gated-rnn-zucchet-icl", revision="{INDEX['version']}")
 bare = zoo.load("gated-rnn-zucchet-icl")  # HF_ENDPOINT set: from the hub, at the release tag, index-verified
@@ -241,7 +241,7 @@ def test_tampered_released_folder_is_refused(small_release, monkeypatch, tamper)
 
 
 # ---------------------------------------------------------------- cards
-STREAMING_IMPORT = "from icl_zoo_export import StreamingSession"
+STREAMING_IMPORT = "from zoo.export.streaming import StreamingSession"
 LEGACY_STREAMING_IMPORT = "from export import StreamingSession"
 
 
@@ -266,7 +266,7 @@ def test_card_snippets_run_verbatim(name, monkeypatch, capsys):
     blocks = _python_blocks(card)
     assert blocks, "a card without a usage snippet"
     monkeypatch.chdir(release.release_dir() / name)  # as in the downloaded repo folder
-    assert LEGACY_STREAMING_IMPORT not in card  # rendered after the rename to icl_zoo_export
+    assert LEGACY_STREAMING_IMPORT not in card  # rendered after the rename to zoo.export
     namespace: dict = {}
     for block in blocks:  # in order, as a reader would paste them
         exec(compile(block, f"{name}/README.md", "exec"), namespace)

@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from icl_zoo_export import StreamError, StreamingSession
-from icl_zoo_export.streaming import MAX_STATE_ELEMENTS
-from icl_zoo_export.token_io import (
+from zoo.export.streaming import StreamError, StreamingSession
+from zoo.export.streaming import MAX_STATE_ELEMENTS
+from zoo.export.token_io import (
     TokenError,
     iter_array_chunks,
     iter_lines,

@@ -111,7 +111,7 @@ def test_tampered_release_repo_is_refused_by_bare_name(hostile, revision):
 
 
 def test_stream_session_refuses_the_tampered_repo(hostile):
-    from icl_zoo_export import StreamingSession
+    from zoo.export.streaming import StreamingSession
 
     with pytest.raises(ReleaseError, match="is not the released"):
         StreamingSession(f"{ORG}/{TAMPERED}", revision=VERSION, endpoint=hostile["endpoint"])

@@ -98,7 +98,7 @@ def test_repo_ids_are_whole_names(repo):
 
 # ---------------------------------------------------------------- checkpoint files
 def test_edited_step_graph_is_refused_before_streaming(built, tmp_path):
-    from icl_zoo_export import StreamingSession
+    from zoo.export.streaming import StreamingSession
 
     dst = _copy(built, tmp_path)
     graph = bytearray((dst / "model_step.onnx").read_bytes())
@@ -396,7 +396,7 @@ def test_a_chunk_graph_is_used_only_when_its_checkpoint_lists_it(tmp_path):
 
     import numpy as np
 
-    from icl_zoo_export import StreamError, StreamingSession
+    from zoo.export.streaming import StreamError, StreamingSession
     from zoo.checkpoint import CheckpointError
     from zoo.release import release_dir
 
@@ -469,5 +469,5 @@ def test_push_to_hub_refuses_a_repo_without_its_graphs():
     import zoo
 
     ckpt = zoo.load("lsa-gd-zucchet-icl")
-    with pytest.raises(NotImplementedError, match=r"icl_zoo_export.save_checkpoint.*zoo publish folder --repo me/x"):
+    with pytest.raises(NotImplementedError, match=r"zoo.export.save_checkpoint.*zoo publish folder --repo me/x"):
         ckpt.push_to_hub("me/x")

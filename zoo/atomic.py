@@ -10,8 +10,8 @@ removes the staged folder and leaves the folder untouched; a failed swap renames
 only moment the folder is absent) is undone by the next `replace_folder` of that folder, which also
 removes what killed writers left. One writer per folder at a time.
 
-Standard library only, no zoo imports: the checkpoint writer (icl_zoo_export.save_checkpoint), the
-builder and the release all use it, and icl_zoo_export must not import the builder.
+Standard library only, no zoo imports: the checkpoint writer (zoo.export.save_checkpoint), the
+builder and the release all use it, and zoo.export must not import the builder.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@
 - the predictions at the query, `(B, d_y)`, or
 - the zoo's sequence contract, `(B, T, d_out)`, with a read-out that says which position, which
   channels and which sign hold the prediction: ONNX metadata `icl_zoo.readout` (as the zoo's exporter
-  writes it, export/onnx_export.py), a `readout` attribute of a module or function, or `readout=`.
+  writes it, zoo/export/onnx_export.py), a `readout` attribute of a module or function, or `readout=`.
   Without one, a task that predicts at every position (`triples`, teacher–student) takes
   `(B, T, d_y)` as every position's prediction.
 
@@ -174,7 +174,7 @@ def checkpoint_candidate(ckpt, name: str | None = None) -> Candidate:
 def onnx_candidate(raw: bytes, where: str) -> Candidate:
     """An ONNX graph from its bytes (hashed as read): standard operators, self-contained, one input `tokens`."""
     import onnxruntime as ort
-    from icl_zoo_export.graph_files import GraphFileError, check_graph_bytes
+    from zoo.export.graph_files import GraphFileError, check_graph_bytes
 
     try:
         check_graph_bytes(raw, where)
@@ -282,7 +282,7 @@ def as_candidate(model, *, name: str | None = None, readout=None, revision: str 
 def _readout(value, where: str) -> Readout | None:
     """A read-out from a Readout, a dict or its JSON (the ONNX metadata): position (an int, or null for
     every position), channels start:stop and a finite sign."""
-    from icl_zoo_export.graph_files import is_readout
+    from zoo.export.graph_files import is_readout
 
     if value is None or isinstance(value, Readout):
         return value

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from icl_zoo_export import save_checkpoint
-from icl_zoo_export.onnx_export import not_zoo_file
+from zoo.export.onnx_export import save_checkpoint
+from zoo.export.onnx_export import not_zoo_file
 from zoo.checkpoint import Checkpoint, CheckpointError, provenance
 from zoo.constructions import construct
 from zoo.evaluate import alignment_probe, evaluate, gd_reference

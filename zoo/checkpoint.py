@@ -11,7 +11,7 @@
 `save_pretrained` writes the folder without graphs; `push_to_hub` is refused, since a repo without its
 step graph cannot stream (publish `save_checkpoint`'s folder with `zoo publish`). Loading verifies every recorded SHA-256 (zoo.manifest,
 torch-free), rebuilds the model from the embedded entry and loads the weights with strict key and
-shape checks. This layer writes no ONNX: `icl_zoo_export.save_checkpoint(ckpt, folder)` saves the
+shape checks. This layer writes no ONNX: `zoo.export.save_checkpoint(ckpt, folder)` saves the
 checkpoint with its graphs (`Checkpoint.save_files(folder, graphs=...)`), hashes and card included.
 """
 
@@ -110,7 +110,7 @@ class Checkpoint(
     # ------------------------------------------------------------- save
     def _save_pretrained(self, save_directory: Path) -> None:
         """`save_pretrained` (huggingface_hub): the folder without ONNX graphs. The full Hub repo folder,
-        graphs included, is `icl_zoo_export.save_checkpoint(ckpt, folder)`."""
+        graphs included, is `zoo.export.save_checkpoint(ckpt, folder)`."""
         self.save_files(save_directory)
 
     def save_files(self, folder: Path, *, graphs: Callable[[Checkpoint, Path], object] | None = None) -> Path:
@@ -151,7 +151,7 @@ class Checkpoint(
     def push_to_hub(self, repo_id: str, **_kwargs):
         raise NotImplementedError(
             f"a zoo checkpoint is published with its ONNX graphs, which this layer does not write: "
-            f"`icl_zoo_export.save_checkpoint(ckpt, folder)`, then `zoo publish folder --repo {repo_id} --hub hf`"
+            f"`zoo.export.save_checkpoint(ckpt, folder)`, then `zoo publish folder --repo {repo_id} --hub hf`"
         )
 
     # ------------------------------------------------------------- load

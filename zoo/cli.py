@@ -301,11 +301,11 @@ def cmd_hub_serve(args) -> int:
 
     from zoo.hub import default_local_hub, start_server, stop_server
 
-    def interrupted(signum, frame):  # SIGTERM as Ctrl-C: olah and its temp folder go down with us
+    def interrupted(signum, frame):  # SIGTERM as Ctrl-C: the server and its temp folder go down with us
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupted)
-    root = (Path(args.dir) if args.dir else default_local_hub()).resolve()  # olah serves an absolute root
+    root = (Path(args.dir) if args.dir else default_local_hub()).resolve()  # the server serves an absolute root
     proc = None
     try:
         if args.port:  # a busy port is refused before the (longer) import
@@ -313,15 +313,15 @@ def cmd_hub_serve(args) -> int:
 
             check_port_free(args.port)
         if not args.no_release:
-            from zoo.release import import_to_hub
+            from zoo.hub_prepare import prepare
 
-            import_to_hub(root)
+            prepare(root)  # once per release (progress shown); reused while the release is unchanged
         proc, endpoint = start_server(root, args.port)
-        print(f"serving the local hub {root} with olah at {endpoint}", flush=True)
+        print(f"serving the local hub {root} at {endpoint}", flush=True)
         print(f"  export HF_ENDPOINT={endpoint}    # then huggingface_hub / datasets / zoo use it", flush=True)
         while proc.poll() is None:
             time.sleep(0.5)
-        print(f"error: olah exited with code {proc.returncode}", file=sys.stderr)
+        print(f"error: the hub server exited with code {proc.returncode}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 0
@@ -342,8 +342,8 @@ def cmd_pull(args) -> int:
 
 # ---------------------------------------------------------------- export / stream
 def cmd_export(args) -> int:
-    from icl_zoo_export import save_checkpoint
-    from icl_zoo_export.onnx_export import not_zoo_file
+    from zoo.export.onnx_export import save_checkpoint
+    from zoo.export.onnx_export import not_zoo_file
 
     import zoo
     from zoo.builder import claim_out
@@ -373,8 +373,8 @@ def cmd_stream(args) -> int:
 
     import numpy as np
 
-    from icl_zoo_export import StreamingSession
-    from icl_zoo_export.token_io import (
+    from zoo.export.streaming import StreamingSession
+    from zoo.export.token_io import (
         OutputWriter,
         PendingFile,
         is_array_file,
@@ -451,7 +451,7 @@ def _restore_state(session, path: str | None) -> None:
     """Start from a state saved by --state-out, its names and shapes checked against the graph's
     (for the session's batch) from the file's headers before any array is read; never unpickled."""
     if path:
-        from icl_zoo_export.token_io import read_state
+        from zoo.export.token_io import read_state
 
         session.set_state(read_state(path, session.state_shapes(session.batch)))
 
@@ -666,7 +666,7 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("hub", help="local hub tools")
     hub_sub = s.add_subparsers(dest="hub_command", required=True)
-    s = hub_sub.add_parser("serve", help="serve the local hub with olah on 127.0.0.1")
+    s = hub_sub.add_parser("serve", help="serve the local hub (a read-only Hugging Face Hub) on 127.0.0.1")
     s.add_argument("--dir", help="local hub directory")
     s.add_argument("--port", type=int, help="default: a free port")
     s.set_defaults(fn=cmd_hub_serve)

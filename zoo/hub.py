@@ -26,8 +26,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from zoo.locate import REPO_ID, HubError, resolve_folder, validate_repo_id  # noqa: F401  (pulling needs no torch)
-from zoo.tasks.frozen import cache_dir
+from zoo.locate import REPO_ID, HubError, cache_dir, resolve_folder, validate_repo_id  # noqa: F401  (no torch: `zoo hub serve` starts fast)
 
 REPO_TYPES = ("model", "dataset")
 NEVER_PUBLISHED = (".train", ".git", ".cache")  # training state and VCS/cache internals stay local

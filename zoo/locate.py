@@ -6,7 +6,7 @@ file against it ("verified against release vX"); anything else is checked only a
 config.json ("self-consistent, not checked against a release"). `locate` returns the files it
 read and hashed, so that what is parsed is what was checked.
 
-No torch, no registry: the streaming runtime (icl_zoo_export) locates with this module alone;
+No torch, no registry: the streaming runtime (zoo.export) locates with this module alone;
 `zoo.load` passes the registry's entry names, so that a registry entry that is not released gets
 the registry's error.
 """
@@ -71,6 +71,12 @@ def resolve_folder(repo_id: str, *, revision: str | None = None, endpoint: str |
     validate_repo_id(repo_id)
     return Path(snapshot_download(repo_id, revision=revision, endpoint=endpoint, cache_dir=cache_dir, token=token,
                                   allow_patterns=allow_patterns))
+
+
+def cache_dir() -> Path:
+    """icl-zoo's cache: frozen splits, the default local hub ($ICL_ZOO_CACHE, else ~/.cache/icl-zoo)."""
+    root = os.environ.get("ICL_ZOO_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "icl-zoo"
+    return Path(root)
 
 
 def release_dir() -> Path:

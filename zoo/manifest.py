@@ -5,7 +5,7 @@
     eval_results.json, training_history.json, model.onnx, model_step.onnx, model_chunk.onnx
 
 `verify_files` checks a folder against its config.json before anything reads it: the checkpoint
-layer (zoo.checkpoint) before it builds a model, the streaming runtime (icl_zoo_export) before ONNX
+layer (zoo.checkpoint) before it builds a model, the streaming runtime (zoo.export) before ONNX
 Runtime opens a graph. Standard library only: the safetensors header is 8 bytes of length and JSON.
 """
 

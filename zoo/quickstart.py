@@ -26,7 +26,7 @@ def run_release(out: Path, entry: str = RELEASE_DEMO_ENTRY) -> dict:
 
     import numpy as np
     import torch
-    from icl_zoo_export import StreamingSession
+    from zoo.export.streaming import StreamingSession
 
     import zoo
     from zoo import hub, release

@@ -880,7 +880,7 @@ def refresh_release(root: Path | None = None, *, only: list[str] | None = None, 
         ckpt = read_checkpoint(root / name)
         remeasured = measurements(get_entry(name), ckpt)  # e.g. the paired gap to GD on the frozen test split
         if graphs:  # in a staged copy swapped in whole: an interrupted refresh leaves the release as it was
-            from icl_zoo_export import write_graphs
+            from zoo.export.onnx_export import write_graphs
 
             staged = _staging(root, name)
             for path in sorted((root / name).iterdir()):

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from zoo.locate import cache_dir  # torch-free there: zoo.hub uses it without torch
 from zoo.names import safe_name
 from zoo.tasks.regression import LinearRegressionTask, TaskBatch
 
@@ -38,11 +39,6 @@ def content_hash(x: np.ndarray, y: np.ndarray) -> str:
         h.update(np.asarray(a.shape, dtype="<i8").tobytes())
         h.update(a.tobytes())
     return h.hexdigest()
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("ICL_ZOO_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "icl-zoo"
-    return Path(root)
 
 
 @dataclass

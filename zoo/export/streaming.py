@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from icl_zoo_export.graph_files import check_graph_bytes, is_readout
+from zoo.export.graph_files import check_graph_bytes, is_readout
 
 from zoo.locate import locate
 from zoo.manifest import CHUNK_FILE, STEP_FILE, CheckpointError, contained_file
@@ -282,7 +282,7 @@ class StreamingSession:
                 longest = CHUNK if time == "any" else int(bound)
             else:
                 import onnx
-                from icl_zoo_export.scan_graph import scan_step_graph
+                from zoo.export.scan_graph import scan_step_graph
 
                 try:
                     graph = scan_step_graph(onnx.ModelProto.FromString(self._graph_bytes[self.path]))

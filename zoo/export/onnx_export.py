@@ -29,7 +29,7 @@ from pathlib import Path
 import onnx
 import torch
 
-from icl_zoo_export.scan_graph import scan_step_graph  # noqa: F401  (re-exported)
+from zoo.export.scan_graph import scan_step_graph
 from zoo.atomic import replace_folder
 from zoo.manifest import CHUNK_FILE, CONFIG, HASHED_FILES, SEQUENCE_FILE, STEP_FILE, read_config_core, write_config
 from zoo.models.scan import EXPORT_MAX_LEN, export_length, length_guard
