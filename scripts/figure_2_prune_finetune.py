@@ -40,7 +40,7 @@ import torch  # noqa: E402
 import zoo  # noqa: E402
 from zoo.analysis.plots import weight_matrices  # noqa: E402
 from zoo.analysis.rnn import active_neurons, gated_rnn_matrices, lambda_groups, prune_by_function  # noqa: E402
-from zoo.evaluate import rescore  # noqa: E402
+from zoo.evaluation import rescore  # noqa: E402
 from zoo.train import train  # noqa: E402
 
 TOLERANCES = (1e-6, 1e-4, 1e-3, 1e-2, 5e-2)

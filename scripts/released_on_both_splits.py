@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 import zoo
-from zoo.evaluate import rescore
+from zoo.evaluation import rescore
 from zoo.tasks.frozen import load_split
 from zoo.registry import default_registry
 

@@ -20,7 +20,7 @@ import torch
 
 import zoo
 from zoo.analysis.polynomial import regression_coefficient_table
-from zoo.evaluate import rescore
+from zoo.evaluation import rescore
 
 
 def decay_factor(source) -> float:

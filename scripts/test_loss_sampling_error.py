@@ -15,7 +15,7 @@ import sys
 import torch
 
 import zoo
-from zoo.evaluate import gd_reference
+from zoo.evaluation import gd_reference
 from zoo.registry import default_registry, get_task_spec
 from zoo.tasks.frozen import load_split
 from zoo.tasks.regression import LinearRegressionTask, gd_predict

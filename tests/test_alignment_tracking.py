@@ -8,7 +8,7 @@ import torch
 
 import zoo
 from zoo.builder import build, build_ensemble
-from zoo.evaluate import PROBE_TASKS, alignment_probe
+from zoo.evaluation import PROBE_TASKS, alignment_probe
 from zoo.manifest import HISTORY
 from zoo.registry import get_entry, get_task_spec, with_overrides
 from zoo.tasks.frozen import load_split

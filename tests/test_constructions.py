@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from zoo.constructions import construct
-from zoo.evaluate import gd_reference
+from zoo.evaluation import gd_reference
 from zoo.models import CONSTRUCTIONS, create_model
 from zoo.registry import get_task_spec, list_entries
 from zoo.tasks.regression import gd_predict

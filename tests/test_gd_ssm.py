@@ -187,7 +187,7 @@ def test_task_spec_rejects_products_with_vector_targets():
 
 def test_input_scale_curve_constructed_matches_gd_and_s5_does_not():
     """Figs. 1D/2D: a GD-SSM is GD at every input scale; an (untrained) S5 is not."""
-    from zoo.evaluate import input_scale_curve
+    from zoo.evaluation import input_scale_curve
     from zoo.models import create_model
 
     task = get_task_spec("gdssm-1d-f10-n10").build()
@@ -231,7 +231,7 @@ def test_training_from_the_construction_with_frozen_layers(tmp_path):
     """`source.init` + `source.freeze`: before training the model *is* the GD construction (the
     gated unit starts as the identity), and training moves only the unfrozen gated unit."""
     from zoo.builder import _initialise
-    from zoo.evaluate import evaluate
+    from zoo.evaluation import evaluate
     from zoo.models import create_model
     from zoo.registry import get_entry, get_task_spec
     from zoo.tasks.frozen import load_split

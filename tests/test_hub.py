@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 import zoo
 from zoo import hub
 from zoo.checkpoint import CheckpointError
-from zoo.evaluate import evaluate
+from zoo.evaluation import evaluate
 from zoo.tasks.frozen import DatasetHashMismatch, load_split_from_hub
 
 MODEL_REPO, DATASET_REPO = "icl-zoo-test/lsa-d10-c10", "icl-zoo-test/linreg-d10-c10"

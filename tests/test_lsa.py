@@ -76,7 +76,7 @@ def test_wrong_state_shape_is_a_clear_error():
 def test_loop_curve_of_theta_gd_is_k_steps_of_damped_gd(rng):
     """Blogpost Figure 13: θ_GD (trained-from-one-layer shape, strict causal) applied K times with
     dampening λ is K GD steps at rate λη; the original model is left untouched."""
-    from zoo.evaluate import loop_curve
+    from zoo.evaluation import loop_curve
 
     task = TASKS[0]
     eta = task.analytic_eta()
@@ -95,7 +95,7 @@ def test_loop_curve_of_theta_gd_is_k_steps_of_damped_gd(rng):
 def test_zeroing_x_updates_keeps_the_one_layer_prediction(rng):
     """W_P's x-rows never reach a single application's read-out, so zeroing them (before looping
     a trained layer) leaves K = 1 exactly as trained and changes K > 1."""
-    from zoo.evaluate import loop_curve
+    from zoo.evaluation import loop_curve
 
     task = TASKS[0]
     model = LinearSelfAttention(task.token_dim, task.readout, attention="strict_causal", init_std=0.3).double()
@@ -140,7 +140,7 @@ def test_constant_channel_lets_one_layer_do_gd_on_the_products_layout():
 def test_gd_rate_curve_peaks_at_the_rate_the_model_implements(rng):
     """Blogpost Figure 12: θ_GD built with rate η₀ is GD at η₀ exactly (prediction and gradient L2
     zero, the closest η is η₀), farther at every other η, and its cosine is 1 whatever η."""
-    from zoo.evaluate import gd_rate_curve
+    from zoo.evaluation import gd_rate_curve
     from zoo.tasks.regression import empirical_eta
 
     task = TASKS[0]

@@ -17,7 +17,7 @@ import torch
 import zoo
 from zoo import hub, release
 from zoo.checkpoint import read_checkpoint
-from zoo.evaluate import rescore
+from zoo.evaluation import rescore
 from zoo.expected import PAIRED_KEYS, check, verdict
 from zoo.models import FAMILY_OF_TYPE
 from zoo.registry import RegistryError, default_registry

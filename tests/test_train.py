@@ -213,7 +213,7 @@ def test_cosine_schedule_shape():
 
 def test_one_layer_lsa_learns_gd_on_a_small_task(tmp_path):
     """A short CPU run: loss within 3% of one optimal GD step and sensitivities aligned with θ_GD."""
-    from zoo.evaluate import evaluate
+    from zoo.evaluation import evaluate
 
     model = fresh_model()
     train(model, TASK, recipe(steps=600, batch_size=1024, lr=5e-3, final_lr=1e-4, checkpoint_every=600, eval_every=600),

@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from zoo.evaluate import CHUNK, alignment, position_baselines, position_loss, predictions_and_sensitivities
+from zoo.evaluation import CHUNK, alignment, position_baselines, position_loss, predictions_and_sensitivities
 from zoo.tasks.regression import LinearRegressionTask, Readout, gd_predict, least_squares_predict, line_search_eta
 from zoo.tasks.teacher import LSATeacherTask
 from zoo.version import __version__

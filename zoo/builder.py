@@ -11,7 +11,7 @@ from zoo.export.onnx_export import save_checkpoint
 from zoo.export.onnx_export import not_zoo_file
 from zoo.checkpoint import Checkpoint, CheckpointError, provenance
 from zoo.constructions import construct
-from zoo.evaluate import alignment_probe, evaluate, gd_reference
+from zoo.evaluation import alignment_probe, evaluate, gd_reference
 from zoo.models import create_model
 from zoo.registry import Entry, get_entry, get_task_spec, with_overrides
 from zoo.tasks.frozen import load_split
@@ -89,7 +89,7 @@ def build(
 
 
 def _alignment_probe(entry, task, construction, validation):
-    """`zoo.evaluate.alignment_probe` against the GD the entry's card compares it with (`gd_reference`)."""
+    """`zoo.evaluation.alignment_probe` against the GD the entry's card compares it with (`gd_reference`)."""
     from zoo.tasks.regression import LinearRegressionTask
 
     if not isinstance(task, LinearRegressionTask):

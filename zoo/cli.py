@@ -79,7 +79,7 @@ def cmd_eval(args) -> int:
     if args.task or args.check or args.path.endswith(".onnx"):
         return cmd_benchmark(args)
     import zoo
-    from zoo.evaluate import gd_reference, rescore
+    from zoo.evaluation import gd_reference, rescore
     from zoo.registry import default_registry
     from zoo.tasks.frozen import load_split, load_split_from_hub
 
@@ -121,7 +121,7 @@ def cmd_eval(args) -> int:
     if checked_against is not None:
         metrics["dataset_checked_against"] = checked_against
     if args.input_scales:
-        from zoo.evaluate import input_scale_curve
+        from zoo.evaluation import input_scale_curve
 
         metrics["input_scale_curve"] = input_scale_curve(ckpt.model, task, args.input_scales, **reference)
     if args.plot and args.loops and args.gd_etas:
@@ -135,7 +135,7 @@ def cmd_eval(args) -> int:
         metrics["weights_vs_construction"] = {k: v for k, v in result.items() if k != "matrices"}
         print(f"wrote {args.weights}", file=sys.stderr)
     if args.gd_etas:
-        from zoo.evaluate import gd_rate_curve
+        from zoo.evaluation import gd_rate_curve
 
         metrics["gd_rate_curve"] = gd_rate_curve(ckpt.model, task, split.batch(task), args.gd_etas)
         if args.plot:
@@ -146,7 +146,7 @@ def cmd_eval(args) -> int:
     if args.loops:
         import torch
 
-        from zoo.evaluate import loop_curve
+        from zoo.evaluation import loop_curve
 
         batch = split.batch(task, dtype=torch.float64)
         metrics["loop_curve"] = loop_curve(ckpt.model.double(), task, batch, args.loops, args.dampings,

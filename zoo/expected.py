@@ -167,11 +167,11 @@ def needs_paired(entry) -> bool:
 def paired_gd_measurement(ckpt, split=None) -> dict:
     """The model's loss minus one GD step's, task by task on the frozen test split (or `split`), with
     the standard error of its mean: {"gd_paired_diff", "gd_paired_se", "gd_paired_n"} in loss units.
-    GD is the reference the checkpoint was scored against (zoo.evaluate.gd_reference), so the mean of
+    GD is the reference the checkpoint was scored against (zoo.evaluation.gd_reference), so the mean of
     the model's per-task losses is its card's test loss."""
     import torch
 
-    from zoo.evaluate import CHUNK, gd_reference
+    from zoo.evaluation import CHUNK, gd_reference
     from zoo.tasks.frozen import load_split
     from zoo.tasks.regression import gd_predict
 

@@ -1,5 +1,5 @@
 """Every scalar metric the zoo reports, declared once: its key in `eval_results.json`, its label,
-and its group. Evaluation writes them (zoo/evaluate.py); cards, reports and sweeps read this table
+and its group. Evaluation writes them (zoo/evaluation.py); cards, reports and sweeps read this table
 for their columns and labels.
 
 Groups: `loss` (the model's own), `reference` (what the task's GD and least squares reach, the

@@ -31,7 +31,7 @@ def run_release(out: Path, entry: str = RELEASE_DEMO_ENTRY) -> dict:
     import zoo
     from zoo import hub, release
     from zoo.checkpoint import read_checkpoint
-    from zoo.evaluate import rescore
+    from zoo.evaluation import rescore
     from zoo.locate import locate
     from zoo.registry import get_task_spec
     from zoo.tasks.frozen import load_split_from_hub
@@ -143,7 +143,7 @@ def run(out: Path, steps: int = 1500) -> dict:
         same = all(a.equal(b) for a, b in zip(again.model.state_dict().values(), pulled.model.state_dict().values()))
         split = load_split_from_hub("icl-zoo/linreg-d10-c10", split="test", endpoint=endpoint,
                                     expected_sha256=hashes["test"]["sha256"], spec=get_task_spec("linreg-d10-c10"))
-        from zoo.evaluate import evaluate
+        from zoo.evaluation import evaluate
 
         rescored = evaluate(pulled.model, pulled.task, split.batch(pulled.task))
     console.print(f"  weights bit-identical: {same}; dataset hash verified: {split.sha256[:16]}…")

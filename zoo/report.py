@@ -28,7 +28,7 @@ from zoo import metrics
 from zoo.checkpoint import CONFIG, EVAL_RESULTS, HISTORY, CheckpointError, read_json
 
 COLUMNS = tuple(metrics.keys())  # every metric a checkpoint may have (zoo/metrics.py)
-POSITION_KEYS = tuple(POSITION_CURVES)  # loss against position: the model's and its baselines' (zoo/evaluate.py)
+POSITION_KEYS = tuple(POSITION_CURVES)  # loss against position: the model's and its baselines' (zoo/evaluation.py)
 REGRESSION_COLUMNS = ["gd_loss", "gd_steps", "pred_l2_to_gd", "sensitivity_cosine"]  # a task table's columns
 TEACHER_COLUMNS = metrics.keys("teacher", "memory")  # students of an LSA teacher: no GD reference
 
@@ -96,7 +96,7 @@ def validation_curve(folder: Path) -> list[list[float]]:
 
 def _analyses(folder: Path, input_scales: list[float] | None, weights: bool) -> dict:
     from zoo.checkpoint import read_checkpoint
-    from zoo.evaluate import gd_reference, input_scale_curve
+    from zoo.evaluation import gd_reference, input_scale_curve
 
     ckpt = read_checkpoint(folder)
     reference = gd_reference(ckpt.entry, ckpt.task, ckpt.construction, recorded=ckpt.metrics)
@@ -168,7 +168,7 @@ def _input_scale_table(rows: list[dict]) -> list[str]:
     scales = [p["input_scale"] for p in rows[0]["input_scale_curve"]]
     lines = ["## loss against the input scale α (mean ± std over seeds)", "",
              "Inputs x ~ U(−α·a, α·a) for the task's a; 2000 tasks drawn from seed 0, the same for every model "
-             "(zoo.evaluate.input_scale_curve); GD keeps the training distribution's η.", "",
+             "(zoo.evaluation.input_scale_curve); GD keeps the training distribution's η.", "",
              "| run | seeds | " + " | ".join(f"α = {_fmt(a)}" for a in scales) + " |", "|" + "---|" * (len(scales) + 2)]
     for line, group in _by_run_line(rows):
         cells = [_mean_std_of([r["input_scale_curve"][i]["test_loss"] for r in group]) for i in range(len(scales))]

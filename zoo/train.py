@@ -337,7 +337,7 @@ def fit(step: Step, recipe, *, run_dir: Path, total: int, until: int | None = No
 
     `probe()`, when given, is called at every eval step and its metrics ({name: value}, one value
     per member as a list for an ensemble) join that step's history row: how a model's behaviour,
-    not only its loss, changes during training (the blogpost's Figure 10: `zoo.evaluate.alignment_probe`).
+    not only its loss, changes during training (the blogpost's Figure 10: `zoo.evaluation.alignment_probe`).
     It must not change the weights or draw from the training generators."""
     run_dir = Path(run_dir)
     device = next(step.module.parameters()).device

@@ -50,7 +50,7 @@ def loss_curve(history: list[dict], path: Path, *, gd_loss: float | None = None,
     return finish(fig, ax, path, xlabel="step", ylabel="loss  (½·MSE)", title=title, title_size=9)
 
 
-ALIGNMENT_CURVES = {  # history key → legend: the blogpost's Figure 10 metrics (zoo.evaluate.alignment)
+ALIGNMENT_CURVES = {  # history key → legend: the blogpost's Figure 10 metrics (zoo.evaluation.alignment)
     "pred_l2_to_gd": "L2 error (predictions)",
     "sensitivity_l2_to_gd": "L2 error (gradients)",
 }
@@ -58,7 +58,7 @@ ALIGNMENT_CURVES = {  # history key → legend: the blogpost's Figure 10 metrics
 
 def alignment_curve(history: list[dict], path: Path, *, gd_steps: int = 1, title: str = "") -> Path:
     """The blogpost's Figure 10 from a history recorded with `track_alignment`: the two L2 errors to
-    GD (left, log; sums of squares per task, zoo.evaluate.alignment) and the sensitivity cosine
+    GD (left, log; sums of squares per task, zoo.evaluation.alignment) and the sensitivity cosine
     (right) against the training step."""
     rows = [h for h in history if "pred_l2_to_gd" in h]
     steps = [h["step"] for h in rows]
