@@ -18,10 +18,6 @@ def __getattr__(name: str):
         from zoo import registry
 
         return getattr(registry, name)
-    if name == "evaluate":  # the submodule zoo/evaluate.py, which is callable: it scores any model (zoo.score)
-        from importlib import import_module
-
-        return import_module("zoo.evaluate")
     raise AttributeError(f"module 'zoo' has no attribute {name!r}")
 
 
@@ -48,6 +44,11 @@ def load(path_or_repo, *, revision: str | None = None, endpoint: str | None = No
 
     return read_checkpoint(locate(path_or_repo, revision=revision, endpoint=endpoint,
                                   names=default_registry().entries, unknown=unknown_entry_error))
+
+
+def evaluate(model, *, task: str, split: str = "test", **kwargs) -> dict:
+    """Score any model on a task's frozen split beside GD and least squares (the same as `zoo.score`)."""
+    return score(model, task=task, split=split, **kwargs)
 
 
 def score(model, *, task: str, split: str = "test", **kwargs) -> dict:

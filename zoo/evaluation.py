@@ -10,8 +10,6 @@ distance and KV/Q scores instead:
 
 from __future__ import annotations
 
-import sys
-import types
 
 import torch
 
@@ -285,17 +283,3 @@ def rescore(ckpt, split=None) -> dict:
     split = split if split is not None else load_split(ckpt.entry.task, "test", spec=get_task_spec(ckpt.entry.task))
     reference = gd_reference(ckpt.entry, task, ckpt.construction, recorded=ckpt.metrics)
     return evaluate(ckpt.model, task, split.batch(task), **reference)
-
-
-class _CallableModule(types.ModuleType):
-    """This module, callable: `zoo.evaluate(model, task=TASK, split=...)` scores any model on a frozen
-    split (zoo.benchmark.evaluate). Once anything imports `zoo.evaluate`, the package attribute of that
-    name is this submodule, so the call is made to work on the module itself."""
-
-    def __call__(self, model, **kwargs):
-        from zoo.benchmark import evaluate as score
-
-        return score(model, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
