@@ -16,7 +16,7 @@
 #   launch    the sweep processes in the background (setsid), logs in /tmp/gpu-runs
 #   status    each ensemble's step (from its resumable state), the logs' tails, GPU use
 #   collect   the finished checkpoints (no training states) as $OUT/runs.tar.gz
-# Needs the wheels in .whl (pydantic, datasets; see /work/.library/device/README.md).
+# Needs pydantic and its needs as wheels in .whl (downloaded with pip download for the machine's Python).
 set -u
 stage=${1:?usage: scripts/gpu_paper_length_runs.sh launch|status|collect}
 RUNS=/tmp/gpu-runs

@@ -6,7 +6,7 @@
 #   status                     each run's step (from its resumable state) and the logs' tails
 #   collect                    the finished checkpoints (no training states) as $OUT/runs.tar.gz
 # The image's python3 has torch; pydantic, datasets (and pyarrow ≥ 24 where older) travel as
-# wheels in .whl and .whl-pa (see /work/.library/device/README.md).
+# wheels in .whl and .whl-pa (pip download for the machine's Python).
 set -u
 stage=${1:?usage: scripts/gpu_paper_runs.sh check|launch|status|collect}
 RUNS=/tmp/gpu-runs

@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from zoo.evaluation import CHUNK, alignment, position_baselines, position_loss, predictions_and_sensitivities
+from zoo.evaluation import TASKS_PER_PASS, alignment, position_baselines, position_loss, predictions_and_sensitivities
 from zoo.tasks.regression import LinearRegressionTask, Readout, gd_predict, least_squares_predict, line_search_eta
 from zoo.tasks.teacher import LSATeacherTask
 from zoo.version import __version__
@@ -341,7 +341,7 @@ def predict(candidate: Candidate, task, tokens: torch.Tensor) -> Predictions:
     """The model's predictions on every task of `tokens`, run in chunks that bound memory."""
     queries, everys = [], []
     with torch.no_grad():
-        for chunk in tokens.split(CHUNK):
+        for chunk in tokens.split(TASKS_PER_PASS):
             query, every = read_output(candidate.run(chunk), task, candidate, chunk.shape[0])
             queries.append(query.detach().double().cpu())
             everys.append(None if every is None else every.detach().double().cpu())
@@ -371,7 +371,7 @@ def finite_difference_sensitivities(query_model: _QueryModel, task, tokens: torc
         up, down = tokens + bump, tokens - bump
         made = (up - down)[:, -1, channel].double().unsqueeze(1)  # (N, 1)
         diff = [query_model.predict_query(u).double() - query_model.predict_query(d).double()
-                for u, d in zip(up.split(CHUNK), down.split(CHUNK))]
+                for u, d in zip(up.split(TASKS_PER_PASS), down.split(TASKS_PER_PASS))]
         columns.append(torch.cat(diff) / made)
     return torch.stack(columns, dim=-1)  # (N, d_y, d_x)
 

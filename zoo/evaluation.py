@@ -24,7 +24,7 @@ from zoo.tasks.regression import (
     prefix_least_squares_predict, resolve_eta,
 )
 
-CHUNK = 2500  # tasks per autograd pass: bounds memory on 10 000-task splits
+TASKS_PER_PASS = 2500  # tasks per autograd pass: bounds memory on 10 000-task splits
 
 
 def predictions_and_sensitivities(model, tokens: torch.Tensor, query_channels: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -32,7 +32,7 @@ def predictions_and_sensitivities(model, tokens: torch.Tensor, query_channels: t
     x_query is `tokens[:, -1, start:stop]`."""
     start, stop = query_channels
     preds, sens = [], []
-    for chunk in tokens.split(CHUNK):
+    for chunk in tokens.split(TASKS_PER_PASS):
         chunk = chunk.detach().clone().requires_grad_(True)
         pred = model.predict_query(chunk)  # (n, d_y); tasks are independent, so Σ_n gives per-task grads
         rows = []
@@ -196,7 +196,7 @@ def position_curves(model, task: LinearRegressionTask, tokens: torch.Tensor, b64
     the baselines on the same prefix: one GD step at η*_t (optimal per position) and at the query's
     η*_C (one fixed rate), online GD (the delta rule) at η = 1/(σ_x² d_x), and least squares."""
     with torch.no_grad():
-        pred = torch.cat([model.predict(chunk) for chunk in tokens.split(CHUNK)])  # (N, C, d_y)
+        pred = torch.cat([model.predict(chunk) for chunk in tokens.split(TASKS_PER_PASS)])  # (N, C, d_y)
     return {"position_loss": position_loss(pred, b64), **position_baselines(task, b64)}
 
 
