@@ -1,6 +1,6 @@
 """Writes that a kill or an error cannot leave half done: `zoo export` and `zoo build` stage a checkpoint
 beside its folder and swap it in whole (zoo.atomic), `zoo build` refuses to replace another run's
-checkpoint without --force, and `zoo release build` survives a corrupt run.json marker."""
+checkpoint without --force, and `zoo release build` survives a corrupt run.json record."""
 
 import json
 import re
@@ -244,17 +244,19 @@ def test_a_corrupt_release_marker_is_discarded_with_a_warning(marker, release_bu
     (work / "ckpt" / ".train").mkdir(parents=True)
     (work / "ckpt" / ".train" / "train_state.json").write_text("{}")
     (work / "run.json").write_bytes(marker)
-    with pytest.warns(UserWarning, match=re.escape(f"{work / 'run.json'}: corrupt build marker")):
+    with pytest.warns(UserWarning, match=re.escape(f"{work / 'run.json'}: corrupt run record")):
         call = run()
     assert call["steps"] == zoo.get_entry(TRAINED).source.steps and call["left"] == ["run.json"]  # started afresh
-    written = json.loads((work / "run.json").read_text())
-    assert written == {"steps": call["steps"], "fingerprint": release.entry_fingerprint(TRAINED)}
+    written = json.loads((work / "run.json").read_text())  # the one run-record schema (zoo.builder.claim_run_dir)
+    assert written == {"entry": TRAINED, "definition": release.entry_fingerprint(TRAINED),
+                       "seed": zoo.get_entry(TRAINED).source.seed, "steps": call["steps"]}
 
 
 def test_a_valid_release_marker_still_resumes(release_build):
     work, run = release_build
     (work / "ckpt").mkdir(parents=True)
-    (work / "run.json").write_text(json.dumps({"steps": 7, "fingerprint": release.entry_fingerprint(TRAINED)}))
+    (work / "run.json").write_text(json.dumps({"entry": TRAINED, "definition": release.entry_fingerprint(TRAINED),
+                                               "seed": zoo.get_entry(TRAINED).source.seed, "steps": 7}))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         call = run()

@@ -118,7 +118,8 @@ def test_unknown_architecture_is_refused(constructed, tmp_path):
 
 # ---------------------------------------------------------------- who writes the ONNX graphs
 def test_checkpoint_layer_imports_no_export():
-    """zoo.checkpoint saves weights, metrics, config and card; the export layer above adds the graphs."""
+    """zoo.checkpoint saves weights, metrics and config; the export layer above adds the graphs, the builder
+    the card: saving renders no card and reads no registry (issue 39)."""
     import ast
     import inspect
 
@@ -127,13 +128,15 @@ def test_checkpoint_layer_imports_no_export():
     nodes = list(ast.walk(ast.parse(inspect.getsource(zoo.checkpoint))))  # in-function imports included
     imported = {n.module for n in nodes if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in nodes if isinstance(n, ast.Import) for a in n.names}
-    assert not {m for m in imported if m and (m.split(".")[0] == "zoo.export" or m in ("zoo.release", "zoo.hub", "zoo.locate"))}
+    assert not {m for m in imported if m and (m.startswith("zoo.export") or m in (
+        "zoo.release", "zoo.hub", "zoo.locate", "zoo.card", "zoo.expected", "zoo.analysis.plots"))}
 
 
 def test_save_checkpoint_writes_exactly_the_released_files(tmp_path, monkeypatch):
-    """zoo.export.save_checkpoint gives a released checkpoint's folder back file for file, graphs
-    hashed in config.json; a plain save_pretrained writes no graphs and drops ones left in the folder."""
-    from zoo.export.onnx_export import save_checkpoint
+    """zoo.builder.save (zoo.export.save_checkpoint with the card) gives a released checkpoint's folder back
+    file for file, graphs hashed in config.json; a plain save_pretrained writes no graphs and drops ones
+    left in the folder, and the generated card that listed them (huggingface_hub's short card instead)."""
+    from zoo.builder import save as save_checkpoint
     from zoo.checkpoint import Checkpoint
     from zoo.locate import release_dir
     from zoo.manifest import GRAPH_FILES, verify_files
@@ -152,5 +155,6 @@ def test_save_checkpoint_writes_exactly_the_released_files(tmp_path, monkeypatch
     assert not any((out / g).exists() for g in GRAPH_FILES)
     assert not set(GRAPH_FILES) & set(verify_files(out).config["files"])
     assert "StreamingSession" not in (out / "README.md").read_text()
+    assert "library_name: icl-zoo" in (out / "README.md").read_text()
     assert zoo.load(out).metrics == ckpt.metrics
     assert Checkpoint.from_pretrained(str(out)).metrics == ckpt.metrics  # the huggingface_hub way in

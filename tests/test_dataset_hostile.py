@@ -9,7 +9,7 @@ task's download against the registry's hash, never the checkpoint's own claim.
 | shards each under the cap, over it together | DatasetShapeMismatch |
 | wrong declared shapes; shapes that lie about the values; float64; flat lists; no x/y; no Array2D; not parquet | one-line DatasetShapeMismatch naming repo and file |
 | a card whose data_files point outside the repo | DatasetShapeMismatch |
-| the bomb served by olah | refused, nothing left in the temp dir |
+| the bomb served by the hub server | refused, nothing left in the temp dir |
 | rigged checkpoint (claims a rigged split's hash) of a registered task | registry hash used; warning; mismatch refused |
 | the same for a task the registry does not know | the claim used, and the result says so |
 """
@@ -213,7 +213,7 @@ def test_an_honest_split_still_loads_and_nothing_is_cached(hub, tmp_path):
 
 
 def test_bomb_through_the_served_hub(tmp_path, monkeypatch):
-    """End to end: the bomb published to a local hub, served by olah, pulled by huggingface_hub."""
+    """End to end: the bomb published to a local hub, served by the zoo's hub server, pulled by huggingface_hub."""
     from zoo import hub as zoo_hub
     from zoo.registry import get_task_spec
 
@@ -235,7 +235,7 @@ def _rigged_checkpoint(tmp_path: Path, rigged: str, task: str | None = None) -> 
     from safetensors.torch import load_file
 
     from zoo.checkpoint import config_core_sha256, save_weights, sha256_file
-    from zoo.release import release_dir
+    from zoo.locate import release_dir
 
     dst = tmp_path / "ckpt"
     shutil.copytree(release_dir() / "lsa-gd-zucchet-icl", dst)

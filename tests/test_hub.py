@@ -1,4 +1,4 @@
-"""Hub: publish to a local hub, serve it with olah, pull back with the ordinary clients;
+"""Hub: publish to a local hub, serve it with the zoo's hub server, pull back with the ordinary clients;
 the real-Hub path checked at the HTTP boundary."""
 
 import json
@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import zoo
-from zoo import hub
+from zoo import hub, locate
 from zoo.checkpoint import CheckpointError
 from zoo.evaluation import evaluate
 from zoo.tasks.frozen import DatasetHashMismatch, load_split_from_hub
@@ -23,7 +23,7 @@ MODEL_REPO, DATASET_REPO = "icl-zoo-test/lsa-d10-c10", "icl-zoo-test/linreg-d10-
 
 @pytest.fixture(scope="module")
 def published(tmp_path_factory):
-    """A trained checkpoint and its task's frozen splits on a local hub served by olah."""
+    """A trained checkpoint and its task's frozen splits on a local hub served by the zoo's hub server."""
     tmp = tmp_path_factory.mktemp("hub")
     ckpt = zoo.build("lsa-d10-c10", tmp / "ckpt", steps=20, device="cpu", progress=False)
     root = tmp / "hub"
@@ -45,8 +45,8 @@ def test_local_hub_layout_and_history(published):
     assert log[0] == published["rev1"]
 
 
-def test_pull_through_olah_is_bit_identical_and_scores_the_same(published, tmp_path):
-    folder = hub.resolve_folder(MODEL_REPO, endpoint=published["endpoint"], cache_dir=tmp_path / "hf")
+def test_pull_through_the_hub_server_is_bit_identical_and_scores_the_same(published, tmp_path):
+    folder = locate.resolve_folder(MODEL_REPO, endpoint=published["endpoint"], cache_dir=tmp_path / "hf")
     pulled = zoo.load(folder)
     original = published["ckpt"]
     for (k, a), (_, b) in zip(original.model.state_dict().items(), pulled.model.state_dict().items()):
@@ -59,7 +59,7 @@ def test_pull_through_olah_is_bit_identical_and_scores_the_same(published, tmp_p
 
 
 def test_cli_eval_with_hf_endpoint_uses_load_dataset(published, tmp_path):
-    """A user's view: HF_ENDPOINT set, `zoo eval ORG/NAME --dataset ORG/DS` through olah."""
+    """A user's view: HF_ENDPOINT set, `zoo eval ORG/NAME --dataset ORG/DS` through the hub server."""
     env = {**os.environ, "HF_ENDPOINT": published["endpoint"], "HF_HOME": str(tmp_path / "hf")}
     out = subprocess.run([sys.executable, "-m", "zoo.cli", "eval", MODEL_REPO, "--dataset", DATASET_REPO, "--json"],
                          env=env, capture_output=True, text=True, timeout=300)
@@ -79,8 +79,8 @@ def test_tampered_revision_is_refused_and_old_revision_still_loads(published, tm
     assert rev2 != published["rev1"]
     ep = published["endpoint"]
     with pytest.raises(CheckpointError, match="model.safetensors has SHA-256"):
-        zoo.load(hub.resolve_folder(MODEL_REPO, endpoint=ep, cache_dir=tmp_path / "hf"))
-    good = zoo.load(hub.resolve_folder(MODEL_REPO, revision=published["rev1"], endpoint=ep, cache_dir=tmp_path / "hf"))
+        zoo.load(locate.resolve_folder(MODEL_REPO, endpoint=ep, cache_dir=tmp_path / "hf"))
+    good = zoo.load(locate.resolve_folder(MODEL_REPO, revision=published["rev1"], endpoint=ep, cache_dir=tmp_path / "hf"))
     assert good.metrics == published["ckpt"].metrics
     # put the good revision back on main for the other tests
     hub.publish_local(published["tmp"] / "ckpt", MODEL_REPO, root=published["root"], message="revert")
@@ -94,7 +94,7 @@ def test_dataset_with_wrong_expected_hash_is_refused(published):
 
 @pytest.mark.parametrize("bad", ["../etc", "org/..", "org/../x", "a/b/c", "org", "/abs/path", "org/.hidden", "o rg/x"])
 def test_repo_ids_cannot_escape_the_local_hub(bad, tmp_path):
-    with pytest.raises(hub.HubError, match="invalid repo id"):
+    with pytest.raises(locate.HubError, match="invalid repo id"):
         hub.publish_local(tmp_path, bad, root=tmp_path / "hub")
 
 

@@ -159,7 +159,7 @@ def test_paths_and_commits_outside_the_hub_are_not_found(server):
 
 
 def test_served_root_is_absolute(server):
-    toml = (server["proc"].workdir / "olah.toml").read_text()
+    toml = (server["proc"].workdir / "hub.toml").read_text()
     assert f'mirrors-path = ["{(server["tmp"] / "hub").resolve().as_posix()}"]' in toml
 
 

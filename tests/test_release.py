@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import zoo
-from zoo import hub, release
+from zoo import hub, locate, release
 from zoo.checkpoint import read_checkpoint
 from zoo.evaluation import rescore
 from zoo.expected import PAIRED_KEYS, check, verdict
@@ -23,7 +23,7 @@ from zoo.models import FAMILY_OF_TYPE
 from zoo.registry import RegistryError, default_registry
 from zoo.tasks.frozen import load_split_from_hub
 
-INDEX = release.read_index()
+INDEX = locate.read_index()
 RELEASED = sorted(INDEX["entries"])
 # Card numbers reproduce to 1e-6 relative: the same float32 kernels, only the summation order differs
 # between machines. One construction is ill-conditioned in float32: the LSTM ≈ LSA (Zucchet A.2) reads
@@ -38,7 +38,7 @@ STREAMED = 64  # test prompts streamed per entry (the re-score uses the whole sp
 def test_every_registry_entry_is_released_and_current():
     registry = default_registry().entries
     assert RELEASED == sorted(registry), f"not released: {sorted(set(registry) - set(RELEASED))}"
-    assert INDEX["version"] == release.VERSION
+    assert INDEX["version"] == locate.VERSION
     stale = [n for n, row in INDEX["entries"].items() if row["fingerprint"] != release.entry_fingerprint(n)]
     assert not stale, f"built from an older recipe/arch/task: {stale}; rebuild with `zoo release build`"
     for name, row in INDEX["entries"].items():  # the arch type, and the family module that builds it
@@ -46,14 +46,14 @@ def test_every_registry_entry_is_released_and_current():
         assert (row["arch"], row["family"]) == (arch_type, FAMILY_OF_TYPE[arch_type].name), name
         # the verdicts are those of the registry's current expected values, sources, kinds and tolerances, on the
         # released measurements (eval_results.json, and what refresh measured beyond it: the paired gap to GD)
-        metrics = json.loads((release.release_dir() / name / "eval_results.json").read_text())
+        metrics = json.loads((locate.release_dir() / name / "eval_results.json").read_text())
         remeasured = row.get("remeasured") or {}
         assert set(remeasured) <= set(PAIRED_KEYS), (name, remeasured)
         checks = check(registry[name], {**metrics, **remeasured})
         assert row["checks"] == [c.as_dict() for c in checks], f"{name}: run `zoo release refresh`"
         assert row["verdict"] == verdict(checks), name
         assert row.get("deviations") == [d.what for d in registry[name].deviation], f"{name}: run `zoo release refresh`"
-        card = (release.release_dir() / name / "README.md").read_text()  # and the card says the same
+        card = (locate.release_dir() / name / "README.md").read_text()  # and the card says the same
         for c in checks:
             assert f"({c.tolerance}) → measured {c.measured_text}: **{c.status}** ({c.off_by})" in card, (name, c)
             if c.source == "paper":  # graded against the paper, quoted
@@ -62,21 +62,21 @@ def test_every_registry_entry_is_released_and_current():
                 assert c.source == "reference" and c.status.endswith("the reference") or c.status == "not checkable", (name, c)
         for d in registry[name].deviation:  # every declared departure, in full
             assert d.zoo in card and d.paper in card, (name, d.id)
-        history = (release.release_dir() / name / "training_history.json")
+        history = (locate.release_dir() / name / "training_history.json")
         skipped = sum(r.get("skipped", 0) for r in json.loads(history.read_text())) if history.exists() else 0
         assert (f"{skipped:,} of its steps were skipped" in card) == (skipped > 0), f"{name}: run `zoo release refresh`"
-    assert (release.release_dir() / release.INDEX_MD).read_text() == release.index_markdown(INDEX), \
+    assert (locate.release_dir() / locate.INDEX_MD).read_text() == release.index_markdown(INDEX), \
         "INDEX.md is not what index.json generates: run `zoo release refresh`"
 
 
 def test_release_size_is_within_budget():
-    total = sum(p.stat().st_size for p in release.release_dir().rglob("*") if p.is_file())
+    total = sum(p.stat().st_size for p in locate.release_dir().rglob("*") if p.is_file())
     assert total < 40 * 2**20, f"release is {total / 2**20:.1f} MiB (budget 40 MiB)"
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """The shipped release imported into a fresh local hub and served by olah."""
+    """The shipped release imported into a fresh local hub and served by the zoo's hub server."""
     root = tmp_path_factory.mktemp("release-hub")
     release.import_to_hub(root / "hub", progress=False)
     with hub.serve(root / "hub") as endpoint:
@@ -88,7 +88,7 @@ def _test_split(served, ckpt):
     if task not in served["splits"]:  # one download per task: sizes and schema, then the registry's content hash
         spec = default_registry().tasks[task]
         served["splits"][task] = load_split_from_hub(
-            f"{release.ORG}/{task}", split="test", revision=INDEX["version"], endpoint=served["endpoint"],
+            f"{locate.ORG}/{task}", split="test", revision=INDEX["version"], endpoint=served["endpoint"],
             expected_sha256=spec.splits["test"].sha256, spec=spec)
     return served["splits"][task]
 
@@ -98,9 +98,9 @@ def test_released_entry_pulls_rescores_and_streams(served, name):
     from huggingface_hub import snapshot_download
 
     row = INDEX["entries"][name]
-    folder = Path(snapshot_download(f"{release.ORG}/{name}", revision=INDEX["version"], endpoint=served["endpoint"],
+    folder = Path(snapshot_download(f"{locate.ORG}/{name}", revision=INDEX["version"], endpoint=served["endpoint"],
                                     cache_dir=served["cache"]))
-    release.verify_folder(folder, row)  # every file, config.json and the card included
+    locate.verify_folder(folder, row)  # every file, config.json and the card included
     ckpt = read_checkpoint(folder)
     card = json.loads((folder / "eval_results.json").read_text())
 
@@ -192,7 +192,7 @@ def test_unknown_bare_name_suggests_registry_names():
 def test_bare_name_never_rebuilds(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_ENDPOINT", raising=False)
     monkeypatch.setenv("ICL_ZOO_RELEASE", str(tmp_path / "empty"))
-    with pytest.raises(release.ReleaseError, match="not in the release shipped"):
+    with pytest.raises(locate.ReleaseError, match="not in the release shipped"):
         zoo.load("lsa-gd-zucchet-icl")
     assert not (tmp_path / "empty").exists()
 
@@ -200,8 +200,8 @@ def test_bare_name_never_rebuilds(tmp_path, monkeypatch):
 def test_bare_name_and_local_folder_of_the_same_name_is_ambiguous(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_ENDPOINT", raising=False)
     monkeypatch.chdir(tmp_path)
-    shutil.copytree(release.release_dir() / "gated-rnn-gd-zucchet-icl", tmp_path / "gated-rnn-zucchet-icl")
-    with pytest.raises(release.ReleaseError, match="write ./gated-rnn-zucchet-icl"):
+    shutil.copytree(locate.release_dir() / "gated-rnn-gd-zucchet-icl", tmp_path / "gated-rnn-zucchet-icl")
+    with pytest.raises(locate.ReleaseError, match="write ./gated-rnn-zucchet-icl"):
         zoo.load("gated-rnn-zucchet-icl")
     assert zoo.load("./gated-rnn-zucchet-icl").entry.name == "gated-rnn-gd-zucchet-icl"  # the folder, asked for
 
@@ -212,9 +212,9 @@ def small_release(tmp_path):
     root = tmp_path / "release"
     names = ["lsa-gd-zucchet-icl", "gated-rnn-zucchet-icl"]
     for n in names:
-        shutil.copytree(release.release_dir() / n, root / n)
+        shutil.copytree(locate.release_dir() / n, root / n)
     index = {"version": INDEX["version"], "entries": {n: INDEX["entries"][n] for n in names}}
-    (root / release.INDEX_JSON).write_text(json.dumps(index))
+    (root / locate.INDEX_JSON).write_text(json.dumps(index))
     return root
 
 
@@ -235,7 +235,7 @@ def test_tampered_released_folder_is_refused(small_release, monkeypatch, tamper)
         target = folder / "README.md"
         target.unlink()
         target.symlink_to("/etc/hostname")
-    with pytest.raises(release.ReleaseError):
+    with pytest.raises(locate.ReleaseError):
         zoo.load("lsa-gd-zucchet-icl")
     zoo.load("gated-rnn-zucchet-icl")  # the untouched entry still loads
 
@@ -259,19 +259,24 @@ def _python_blocks(markdown: str) -> list[str]:
 @pytest.mark.parametrize("name", ["gated-rnn-zucchet-icl", "lsa-gd-d10-c10", "softmax-tf-1l-d10-c10"])
 def test_card_snippets_run_verbatim(name, monkeypatch, capsys):
     monkeypatch.delenv("HF_ENDPOINT", raising=False)
-    card = (release.release_dir() / name / "README.md").read_text()
+    card = (locate.release_dir() / name / "README.md").read_text()
     head = card.split("---", 2)[2][:1500]  # the first lines: what, which paper, measured vs paper
     assert "**What it does.**" in head and "**Reproduces**" in head and "**Measured**" in head
     assert "pipeline_tag: tabular-regression" in card and "arxiv:" in card
     blocks = _python_blocks(card)
     assert blocks, "a card without a usage snippet"
-    monkeypatch.chdir(release.release_dir() / name)  # as in the downloaded repo folder
+    monkeypatch.chdir(locate.release_dir() / name)  # as in the downloaded repo folder
     assert LEGACY_STREAMING_IMPORT not in card  # rendered after the rename to zoo.export
+    # The dataset-row snippet needs the dataset repo from a hub: tests/test_card_contract.py runs it against the
+    # repo's files (offline here); every other block runs verbatim.
+    from_dataset = [b for b in blocks if "load_dataset(" in b]
+    assert len(from_dataset) == 1 and "import onnxruntime" in from_dataset[0]
+    blocks = [b for b in blocks if b not in from_dataset]
     namespace: dict = {}
     for block in blocks:  # in order, as a reader would paste them
         exec(compile(block, f"{name}/README.md", "exec"), namespace)
     plain = [b for b in blocks if "import onnxruntime" in b]
-    if (release.release_dir() / name / "model_step.onnx").exists():  # recurrent: a zoo-free ONNX snippet
+    if (locate.release_dir() / name / "model_step.onnx").exists():  # recurrent: a zoo-free ONNX snippet
         assert len(plain) == 1 and not any(m in plain[0] for m in ("import zoo", "from zoo", "export import"))
         exec(compile(plain[0], f"{name}/README.md", "exec"), {})  # on its own, with nothing else imported
     printed = capsys.readouterr().out
@@ -282,13 +287,13 @@ def test_card_snippets_run_verbatim(name, monkeypatch, capsys):
 def test_archive_roundtrip_and_hostile_members(small_release, tmp_path):
     archive = release.write_archive(small_release, tmp_path / "release.tar.gz")
     dest = release.unpack_archive(archive, tmp_path / "unpacked" / "release")
-    for name, row in json.loads((small_release / release.INDEX_JSON).read_text())["entries"].items():
-        release.verify_folder(dest / name, row)
+    for name, row in json.loads((small_release / locate.INDEX_JSON).read_text())["entries"].items():
+        locate.verify_folder(dest / name, row)
 
     evil = tmp_path / "evil.tar.gz"
     with tarfile.open(evil, "w:gz") as tar:
-        tar.add(small_release / release.INDEX_JSON, arcname="release/../../escaped.json")
-    with pytest.raises(release.ReleaseError, match="refusing archive member"):
+        tar.add(small_release / locate.INDEX_JSON, arcname="release/../../escaped.json")
+    with pytest.raises(locate.ReleaseError, match="refusing archive member"):
         release.unpack_archive(evil, tmp_path / "other" / "release")
     assert not (tmp_path / "escaped.json").exists()
 
@@ -297,15 +302,15 @@ def test_archive_roundtrip_and_hostile_members(small_release, tmp_path):
     with tarfile.open(stray, "w:gz") as tar:
         tar.add(tmp_path / "empty-index.json", arcname="release/index.json")
         tar.add(small_release / "lsa-gd-zucchet-icl" / "config.json", arcname="release/other-entry/config.json")
-    with pytest.raises(release.ReleaseError, match="not covered by its index: other-entry"):
+    with pytest.raises(locate.ReleaseError, match="not covered by its index: other-entry"):
         release.unpack_archive(stray, tmp_path / "third" / "release")
     assert not (tmp_path / "third").exists()
 
-    index = json.loads((small_release / release.INDEX_JSON).read_text())
+    index = json.loads((small_release / locate.INDEX_JSON).read_text())
     index["entries"]["../../victim"] = {"entry": "../../victim", "files": {}}
-    (small_release / release.INDEX_JSON).write_text(json.dumps(index))
-    with pytest.raises(release.ReleaseError, match="not a valid release index"):
-        release.read_index(small_release)
+    (small_release / locate.INDEX_JSON).write_text(json.dumps(index))
+    with pytest.raises(locate.ReleaseError, match="not a valid release index"):
+        locate.read_index(small_release)
 
 
 # ---------------------------------------------------------------- the real Hub, at the HTTP boundary

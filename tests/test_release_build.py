@@ -55,3 +55,24 @@ def test_no_cpp_compiler_means_an_eager_build(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     assert not can_compile("cpu")
     assert release.training_mode("fast-weight-triples", "cpu") == (False, False)
+
+
+def test_one_training_mode_decides_for_build_sweep_and_release(monkeypatch):
+    """zoo.train.training_mode: ensemble / CUDA graph / compiled, one rule for every command. Without a
+    C++ compiler an asked-for compile falls back to eager (it used to fail in `zoo sweep --compile`)."""
+    from types import SimpleNamespace
+
+    from zoo import train
+    from zoo.train import TrainingMode
+
+    vmappable = SimpleNamespace(vmappable=True, compile_pays=True)
+    fused = SimpleNamespace(vmappable=False, compile_pays=False)  # nn.LSTM / nn.GRU kernels
+    plain, skipping = SimpleNamespace(max_skipped_steps=0), SimpleNamespace(max_skipped_steps=10)
+    monkeypatch.setattr(train, "can_compile", lambda device: False)
+    assert train.training_mode(vmappable, plain, "cpu", compile=True) == TrainingMode(False, False, False)
+    monkeypatch.setattr(train, "can_compile", lambda device: True)
+    assert train.training_mode(vmappable, plain, "cpu", compile=True) == TrainingMode(False, False, True)
+    assert train.training_mode(vmappable, plain, "cpu", members=4, compile=True) == TrainingMode(True, False, True)
+    assert train.training_mode(vmappable, plain, "cuda", compile=True) == TrainingMode(True, True, False)
+    assert train.training_mode(vmappable, skipping, "cuda", members=4) == TrainingMode(False, False, False)
+    assert train.training_mode(fused, plain, "cuda", members=4, compile=True) == TrainingMode(False, False, False)

@@ -17,10 +17,10 @@ from safetensors.torch import load_file, save_file
 import zoo
 from zoo import hub, release
 from zoo.cli import main
-from zoo.locate import ORG, ReleaseError, locate
+from zoo.locate import ORG, ReleaseError, locate, read_index, release_dir
 from zoo.manifest import SELF_CONSISTENT, CheckpointError, verify_files
 
-INDEX = release.read_index()
+INDEX = read_index()
 VERSION = INDEX["version"]
 TAMPERED = "gated-rnn-zucchet-icl"  # the quickstart's entry: recurrent, with step and chunk graphs
 EXTRA_FILE = "lsa-gd-zucchet-icl"
@@ -58,20 +58,20 @@ def hostile(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hostile-hub")
     root = tmp / "hub"
     tampered = tmp / "tampered"
-    shutil.copytree(release.release_dir() / TAMPERED, tampered)
+    shutil.copytree(release_dir() / TAMPERED, tampered)
     double_chunk_initializer(tampered)
     rewrite_hashes(tampered)
     assert verify_files(tampered).release is None  # self-consistent: its own config.json agrees with it
     _publish(root, tampered, f"{ORG}/{TAMPERED}")
 
     extra = tmp / "extra"
-    shutil.copytree(release.release_dir() / EXTRA_FILE, extra)
+    shutil.copytree(release_dir() / EXTRA_FILE, extra)
     (extra / "evil.py").write_text("raise SystemExit('ran')\n")
     (extra / "pytorch_model.bin").write_bytes(b"\x80\x04not a pickle the zoo would ever read")
     _publish(root, extra, f"{ORG}/{EXTRA_FILE}")
 
     card = tmp / "card"
-    shutil.copytree(release.release_dir() / EDITED_CARD, card)
+    shutil.copytree(release_dir() / EDITED_CARD, card)
     text = (card / "README.md").read_text()
     loss = json.loads((card / "eval_results.json").read_text())["test_loss"]
     (card / "README.md").write_text(text.replace(repr(loss), "0.001"))
@@ -168,7 +168,7 @@ def test_a_card_that_misreports_its_metrics_is_refused_outside_the_release(hosti
 
 def test_local_copies_are_verified_only_while_they_are_the_release(tmp_path):
     copy = tmp_path / "copy"
-    shutil.copytree(release.release_dir() / TAMPERED, copy)
+    shutil.copytree(release_dir() / TAMPERED, copy)
     assert zoo.load(copy).trust == f"verified against release {VERSION}"
     double_chunk_initializer(copy)
     rewrite_hashes(copy)
@@ -177,7 +177,7 @@ def test_local_copies_are_verified_only_while_they_are_the_release(tmp_path):
 
 def test_released_weights_must_record_their_config_hash(tmp_path):
     copy = tmp_path / "copy"
-    shutil.copytree(release.release_dir() / EXTRA_FILE, copy)
+    shutil.copytree(release_dir() / EXTRA_FILE, copy)
     save_file(load_file(copy / "model.safetensors"), copy / "model.safetensors")  # no metadata at all
     rewrite_hashes(copy)
     verify_files(copy)  # a folder of someone's own may predate the key
@@ -187,7 +187,7 @@ def test_released_weights_must_record_their_config_hash(tmp_path):
 
 def test_publish_uploads_only_the_checkpoints_files(tmp_path, capsys):
     folder = tmp_path / "ckpt"
-    shutil.copytree(release.release_dir() / EXTRA_FILE, folder)
+    shutil.copytree(release_dir() / EXTRA_FILE, folder)
     (folder / "evil.py").write_text("print('pwned')\n")
     (folder / "sub").mkdir()
     (folder / "sub" / "pytorch_model.bin").write_bytes(b"pickle")
@@ -195,7 +195,7 @@ def test_publish_uploads_only_the_checkpoints_files(tmp_path, capsys):
     assert "not published (not part of the checkpoint): evil.py, sub" in capsys.readouterr().out
     repo = tmp_path / "hub" / "models" / "me" / "ckpt"
     published = {p.name for p in repo.iterdir() if p.name != ".git"}
-    assert published == set(release.read_index()["entries"][EXTRA_FILE]["files"])
+    assert published == set(read_index()["entries"][EXTRA_FILE]["files"])
 
 
 def test_the_from_scratch_demo_publishes_under_its_own_name():

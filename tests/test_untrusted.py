@@ -20,7 +20,7 @@ written or lost. One test per defect class; the table below is the index of the 
 | determinism | the same entry built in two processes | byte-identical files |
 | streams | JSON object line, NaN token, wrong width, closed stdin, `| head` | one-line error / clean exit |
 | streams | line-by-line: the answer to a line comes before the next line is sent | (works) |
-| server | `zoo hub serve` on a busy port; SIGTERM | exit 2 with the port named; olah and its temp folder gone |
+| server | `zoo hub serve` on a busy port; SIGTERM | exit 2 with the port named; the hub server and its temp folder gone |
 
 (Frozen-split cases — tampered caches, task variants, concurrent repair, rebuilds — are in
 test_frozen.py; released-folder tampering and hostile archives in test_release.py.)
@@ -41,7 +41,7 @@ import pytest
 import torch
 
 import zoo
-from zoo import hub
+from zoo import hub, locate
 from zoo.checkpoint import CheckpointError, config_core_sha256, save_weights, sha256_file
 from zoo.registry import RegistryError, get_entry, with_overrides
 from zoo.train import TrainingDiverged
@@ -92,8 +92,8 @@ def test_sweep_override_cannot_name_a_path():
 
 @pytest.mark.parametrize("repo", ["org/name\n", "org/name\r", " org/name", "org/../x", "org/name.git"])
 def test_repo_ids_are_whole_names(repo):
-    with pytest.raises(hub.HubError, match="invalid repo id"):
-        hub.validate_repo_id(repo)
+    with pytest.raises(locate.HubError, match="invalid repo id"):
+        locate.validate_repo_id(repo)
 
 
 # ---------------------------------------------------------------- checkpoint files
@@ -146,7 +146,7 @@ def test_publish_refuses_symlinks_and_leaves_the_repo(built, tmp_path):
     root = tmp_path / "hub"
     first = hub.publish_local(dst, "me/ckpt", root=root)
     (dst / "secret.txt").symlink_to("/etc/passwd")
-    with pytest.raises(hub.HubError, match="symbolic link"):
+    with pytest.raises(locate.HubError, match="symbolic link"):
         hub.publish_local(dst, "me/ckpt", root=root)
     repo = root / "models" / "me" / "ckpt"
     assert not (repo / "secret.txt").exists() and (repo / "model.safetensors").is_file()
@@ -317,7 +317,7 @@ def test_serve_on_a_busy_port_fails_loudly(tmp_path):
     assert out.returncode == 2 and f"port {port}" in out.stderr and "already in use" in out.stderr
 
 
-def test_sigterm_takes_olah_and_its_temp_folder_down(tmp_path):
+def test_sigterm_takes_the_hub_server_and_its_temp_folder_down(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
     (tmp_path / "tmp").mkdir()
     proc = subprocess.Popen([*ZOO, "hub", "serve", "--dir", str(tmp_path / "hub"), "--no-release"],
@@ -398,7 +398,7 @@ def test_a_chunk_graph_is_used_only_when_its_checkpoint_lists_it(tmp_path):
 
     from zoo.export.streaming import StreamError, StreamingSession
     from zoo.checkpoint import CheckpointError
-    from zoo.release import release_dir
+    from zoo.locate import release_dir
 
     folder = tmp_path / "fw"
     shutil.copytree(release_dir() / "fast-weight-triples", folder)

@@ -5,6 +5,8 @@
     ckpt = zoo.build("lsa-gd-d10-c10", out="ckpt/lsa-gd")   # construct or train, evaluate, save
     ckpt = zoo.load("ckpt/lsa-gd")          # a folder or a Hub repo id; hashes and shapes verified
     ckpt = zoo.load("gated-rnn-zucchet-icl")  # a released checkpoint, by bare entry name
+    ckpt.predict(tokens)                    # eval mode, no autograd graph
+    model = zoo.from_pretrained("icl-zoo/lsa-d10-c10")   # the plain torch.nn.Module, in eval mode
     result = zoo.evaluate(model, task="zucchet-icl")   # any model (ONNX, torch, a function) on a frozen split
 """
 
@@ -51,6 +53,13 @@ def evaluate(model, *, task: str, split: str = "test", **kwargs) -> dict:
     return score(model, task=task, split=split, **kwargs)
 
 
+def from_pretrained(path_or_repo, *, revision: str | None = None, endpoint: str | None = None):
+    """The checkpoint's model as a plain `torch.nn.Module` in eval mode (the `from_pretrained` convention of
+    PyTorch model hubs): `zoo.load(...)`, hash checks included, then `.model`. `model(tokens)` gives the
+    outputs (B, T, d_out), `model.predict(tokens)` the read-out; `zoo.load` keeps the entry, task and metrics."""
+    return load(path_or_repo, revision=revision, endpoint=endpoint).model.eval()
+
+
 def score(model, *, task: str, split: str = "test", **kwargs) -> dict:
     """Score any model on a task's frozen split beside GD and least squares: an ONNX file, a Hub repo
     holding one, a checkpoint, a torch.nn.Module or a function of tokens (zoo/benchmark.py). The
@@ -60,4 +69,4 @@ def score(model, *, task: str, split: str = "test", **kwargs) -> dict:
     return _evaluate(model, task=task, split=split, **kwargs)
 
 
-__all__ = ["__version__", "build", "evaluate", "get_entry", "list_entries", "load", "score"]
+__all__ = ["__version__", "build", "evaluate", "from_pretrained", "get_entry", "list_entries", "load", "score"]

@@ -7,17 +7,24 @@ from pathlib import Path
 
 import torch
 
-from zoo.export.onnx_export import save_checkpoint
-from zoo.export.onnx_export import not_zoo_file
+from zoo.card import write_card_and_figures
 from zoo.checkpoint import Checkpoint, CheckpointError, provenance
 from zoo.constructions import construct
 from zoo.evaluation import alignment_probe, evaluate, gd_reference
+from zoo.export.onnx_export import not_zoo_file, save_checkpoint
 from zoo.models import create_model
 from zoo.registry import Entry, get_entry, get_task_spec, with_overrides
 from zoo.tasks.frozen import load_split
-from zoo.train import default_device, train
+from zoo.train import default_device, train, training_mode
 
 TRAIN_DIR = ".train"  # resumable training state inside the output folder; never published
+
+
+def save(ckpt: Checkpoint, out: str | Path, *, keep=not_zoo_file) -> Path:
+    """The checkpoint's whole Hub repo folder: its files and ONNX graphs (`zoo.export.save_checkpoint`),
+    then its model card and figures, rendered from the checkpoint's own data once those files are saved,
+    all in one staged folder swapped in whole. `zoo build`, `zoo export` and the release save this way."""
+    return save_checkpoint(ckpt, out, keep=keep, card=write_card_and_figures)
 
 
 def _prepare(name: str | Entry, overrides: dict | None):
@@ -46,7 +53,7 @@ def build(
     force: bool = False,
 ) -> Checkpoint:
     """Construct or train the entry `name` (or an Entry), evaluate it on its frozen test split,
-    save it to `out`, swapped in whole (`save_checkpoint`). An `out` that holds another run's
+    save it to `out` with its graphs and card, swapped in whole (`save`). An `out` that holds another run's
     checkpoint (`claim_out`) is refused before any work unless `force`: then it is replaced entirely
     (another run's training state in it discarded); this run's own is rebuilt or resumed without it.
     `overrides` replaces dotted fields first ({"arch.hidden": 16});
@@ -74,6 +81,7 @@ def build(
         if out is None:
             raise ValueError("training needs an output folder (out=...) for its resumable state")
         claim_run_dir(Path(out) / TRAIN_DIR, entry, spec, seed=seed, steps=steps or recipe.steps, force=force)
+        compiled = training_mode(model, recipe, dev, compile=compiled).compiled  # eager where compiling cannot or does not pay
         result = train(
             model, task, recipe, run_dir=Path(out) / TRAIN_DIR, validation_batch=validation.batch(task),
             steps=steps, seed=seed, device=dev, progress=progress, compiled=compiled,
@@ -180,6 +188,26 @@ def claim_run_dir(run_dir: Path, entry: Entry, spec, *, seed: int, steps: int, m
     write_text(path, json.dumps(identity, indent=1))
 
 
+def read_run_record(run_dir: Path) -> dict | None:
+    """The run record (`RUN_IDENTITY`: entry, definition, seed, steps) of a training folder, None when
+    there is none. A corrupt one (empty, not JSON, not an object: a kill while an older version wrote
+    it, a hand edit) is discarded with a warning and read as {}: its folder then starts afresh."""
+    import json
+    import warnings
+
+    path = Path(run_dir) / RUN_IDENTITY
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):  # ValueError: invalid JSON or UTF-8
+        record = None
+    if isinstance(record, dict) and isinstance(record.get("steps"), int) and not isinstance(record["steps"], bool):
+        return record
+    warnings.warn(f"{path}: corrupt run record, discarded; {Path(run_dir)} is rebuilt from the start", stacklevel=2)
+    return {}
+
+
 def _records(path: Path, identity: dict) -> bool:
     """Whether the run record `path` holds `identity`."""
     import json
@@ -201,7 +229,7 @@ def _evaluate_and_save(entry, spec, model, prov, construction, history, out, val
     ckpt = Checkpoint(model=model, entry=entry, task_spec=spec, provenance=prov,
                       construction=construction, metrics=metrics, history=history)
     if out is not None:
-        save_checkpoint(ckpt, out, keep=keep)  # with its ONNX graphs, swapped in whole
+        save_checkpoint(ckpt, out, keep=keep, card=write_card_and_figures)  # `save`: graphs and card, swapped in whole
     return ckpt
 
 
@@ -271,7 +299,8 @@ def build_ensemble(
         constructions.append(_initialise(entry, model, task, validation))
         return model
 
-    compiled = compiled and dev.type != "cuda"  # on a GPU the step is replayed as one CUDA graph instead
+    probe_model = first if first is not None else create_model(entry.arch, task)
+    compiled = training_mode(probe_model, entry.source, dev, members=len(seeds), compile=compiled).compiled  # not with a CUDA graph
     probe = None
     if track_alignment:  # every member starts from the same `source.init`, so one reference serves all
         init = _initialise(entry, create_model(entry.arch, task), task, validation) if entry.source.init else None

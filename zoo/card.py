@@ -12,8 +12,12 @@ from zoo.analysis import plots
 from zoo.metrics import METRICS
 from zoo.models import FAMILY_OF_TYPE
 
+from zoo.locate import ORG
+from zoo.locate import VERSION as RELEASE_TAG  # the tag every released model and dataset repo carries
+from zoo.manifest import CARD_MARKER  # noqa: F401  (cli's publish asks whether a README.md is a generated card)
+
 REPO_URL = "https://github.com/icl-zoo/icl-zoo"
-CARD_MARKER = "icl-zoo model card: generated from config.json and eval_results.json; zoo publish re-renders it"
+ONNX_TOLERANCE = 1e-3  # relative: the card's onnxruntime snippet reproduces test_loss to this (fp32 kernels differ)
 METRIC_NAMES = {m.key: m.label for m in METRICS if m.group != "reference"}  # a card reports the model's own numbers
 
 
@@ -93,17 +97,65 @@ def run_line(ckpt) -> str:
     return line
 
 
+def task_kind(spec) -> tuple[str, str]:
+    """(model-index task type, task name) of a task spec: what the model is asked to do."""
+    if getattr(spec, "kind", None) == "lsa_teacher":
+        return "teacher-student-regression", f"Imitating a causal linear self-attention teacher (d = {spec.d})"
+    if getattr(spec, "target", "linear") == "sine":
+        return "in-context-regression", "In-context sine-wave regression"
+    return "in-context-regression", "In-context linear regression"
+
+
+def dataset_repo_of(entry, dataset_repo: str | None = None, dataset_revision: str | None = None) -> tuple[str, str]:
+    """(repo, revision) of the frozen splits a card scores on: `icl-zoo/<task>` at the release's tag unless
+    the caller names another repo (then its revision, or "main")."""
+    if dataset_repo is None or dataset_repo == f"{ORG}/{entry.task}":
+        return f"{ORG}/{entry.task}", dataset_revision or RELEASE_TAG
+    return dataset_repo, dataset_revision or "main"
+
+
+def base_model(entry) -> str | None:
+    """The released entry a trained one starts from or imitates, as a repo id: for `source.init`, the
+    constructed entry of its task with that construction (the same architecture first); for a student of
+    a teacher task, the constructed entry that realises the teacher. None where the registry holds none."""
+    from zoo.registry import default_registry
+
+    src = entry.source
+    if src.kind != "trained":
+        return None
+    if src.init:
+        wanted = lambda other: other.source.construction == src.init
+    elif getattr(get_task_spec_of(entry), "kind", None) == "lsa_teacher":
+        wanted = lambda other: True
+    else:
+        return None
+    found = sorted((o for o in default_registry().entries.values()
+                    if o.source.kind == "constructed" and o.task == entry.task and wanted(o)),
+                   key=lambda o: (o.arch != entry.arch, o.name))
+    return f"{ORG}/{found[0].name}" if found else None
+
+
+def get_task_spec_of(entry):
+    from zoo.registry import get_task_spec
+
+    try:
+        return get_task_spec(entry.task)
+    except KeyError:
+        return None
+
+
 def card_data(ckpt, dataset_repo: str | None = None, dataset_revision: str | None = None) -> ModelCardData:
     entry, m = ckpt.entry, ckpt.metrics
-    dataset = dataset_repo or f"icl-zoo/{entry.task}"
+    dataset, revision = dataset_repo_of(entry, dataset_repo, dataset_revision)
+    task_type, task_name = task_kind(ckpt.task_spec)
     results = [
         EvalResult(
-            task_type="in-context-regression",
-            task_name="In-context linear regression",
+            task_type=task_type,
+            task_name=task_name,
             dataset_type=dataset,
             dataset_name=entry.task,
             dataset_split="test",
-            dataset_revision=dataset_revision,
+            dataset_revision=revision,
             metric_type=key,
             metric_name=label,
             metric_value=float(m[key]),
@@ -116,8 +168,9 @@ def card_data(ckpt, dataset_repo: str | None = None, dataset_revision: str | Non
         library_name="icl-zoo",
         license="apache-2.0",
         pipeline_tag="tabular-regression",  # in-context regression: predict y_q from (x_i, y_i) pairs and x_q
-        tags=["in-context-learning", "icl-zoo", entry.arch.type, entry.source.kind, entry.task, *arxiv],
+        tags=["in-context-learning", "icl-zoo", "onnx", "safetensors", entry.arch.type, entry.source.kind, entry.task, *arxiv],
         datasets=[dataset],
+        base_model=base_model(_registered(entry)),
         model_name=entry.name,
         eval_results=results or None,
     )
@@ -194,6 +247,7 @@ def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
     checks = check(current, {**m, **extra_metrics})
     load_name = repo_id or (entry.name if released else folder.name)
     listed = _listed_files(folder)
+    data_repo, data_revision = dataset_repo_of(entry, dataset_repo, dataset_revision)
     card = ModelCard.from_template(
         card_data(ckpt, dataset_repo, dataset_revision),
         template_path=str(templates_dir() / "card.md.j2"),
@@ -219,6 +273,11 @@ def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
         chunk_graph="model_chunk.onnx" in listed,
         deviations=current.deviation,
         paper_recipe=current.paper_recipe,
+        dataset_repo=data_repo,
+        dataset_revision=data_revision,
+        layout=getattr(ckpt.task_spec, "layout", None),
+        readout=ckpt.task.readout,
+        tolerance=ONNX_TOLERANCE,
     )
     card.save(folder / "README.md")
     return folder / "README.md"

@@ -3,16 +3,21 @@
     config.json          entry, task, construction, provenance, file hashes, parameter shapes
     model.safetensors    weights (never pickle)
     eval_results.json    metrics on the frozen test split
-    README.md            model card (model_cards/ templates)
-    *.png                loss curve, weight matrices
+    README.md            model card (zoo.card, from model_cards/ templates), written after this layer's files
+    *.png                loss curve, weight matrices (the card's figures)
     model_step.onnx, model_chunk.onnx, model.onnx   streaming (token / chunk) and whole-sequence graphs
 
-`Checkpoint` is a huggingface_hub `ModelHubMixin`: `from_pretrained` works as for any Hub library and
-`save_pretrained` writes the folder without graphs; `push_to_hub` is refused, since a repo without its
-step graph cannot stream (publish `save_checkpoint`'s folder with `zoo publish`). Loading verifies every recorded SHA-256 (zoo.manifest,
-torch-free), rebuilds the model from the embedded entry and loads the weights with strict key and
-shape checks. This layer writes no ONNX: `zoo.export.save_checkpoint(ckpt, folder)` saves the
-checkpoint with its graphs (`Checkpoint.save_files(folder, graphs=...)`), hashes and card included.
+`Checkpoint` is a huggingface_hub `ModelHubMixin`: `from_pretrained` works as for any Hub library, from a
+folder or a repo id (`Checkpoint.from_pretrained("icl-zoo/lsa-d10-c10")`), and `save_pretrained` writes the
+folder without graphs (and with huggingface_hub's short card); `push_to_hub` is refused, since a repo without its
+step graph cannot stream (publish a built folder with `zoo publish`). Loading verifies every recorded SHA-256
+(zoo.manifest, torch-free), rebuilds the model from the embedded entry and loads the weights with strict key and
+shape checks.
+
+This layer saves the checkpoint's own files and nothing else: it renders no card, reads no registry and writes
+no ONNX. The layers above add those in the same staged folder: `zoo.export.save_checkpoint(ckpt, folder,
+card=...)` the graphs, and the builder (`zoo.builder.save`) the card, written from the checkpoint's own data
+once its files are saved.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from safetensors.torch import load as safetensors_load
 from safetensors.torch import save_file
 
 from zoo.manifest import (  # noqa: F401  (the on-disk contract, re-exported: zoo.checkpoint is where callers look)
+    CARD,
+    CARD_MARKER,
     CONFIG,
     CONFIG_HASH_KEY,
     EVAL_RESULTS,
@@ -87,12 +94,25 @@ def git_commit() -> str:
         return fallback
 
 
+# The card huggingface_hub's `save_pretrained` writes (ModelHubMixin.generate_model_card): this layer renders
+# none of its own; the full card comes with `zoo build`, `zoo export` and `zoo publish`.
+SHORT_CARD = """---
+{{ card_data }}
+---
+
+An [icl-zoo]({{ repo_url }}) checkpoint saved with `save_pretrained`: weights, config.json and eval_results.json,
+without ONNX graphs. Load it with `zoo.load(folder)` or `Checkpoint.from_pretrained(folder)`; `zoo export folder`
+adds the graphs and the full model card.
+"""
+
+
 @dataclass
 class Checkpoint(
     ModelHubMixin,
     library_name="icl-zoo",
     tags=["in-context-learning", "icl-zoo"],
     repo_url="https://github.com/icl-zoo/icl-zoo",
+    model_card_template=SHORT_CARD,
 ):
     model: torch.nn.Module
     entry: Entry
@@ -107,25 +127,43 @@ class Checkpoint(
     def task(self):
         return self.task_spec.build()
 
+    def predict(self, tokens) -> torch.Tensor:
+        """The model's read-out prediction for `tokens` (B, T, d_in) in the task's layout (a tensor or an
+        array): in eval mode, under `torch.inference_mode`, so the result carries no autograd graph
+        (`requires_grad` False, no `grad_fn`). `ckpt.model` stays an ordinary module for training and
+        gradients (`ckpt.model.predict` keeps the graph)."""
+        param = next(self.model.parameters(), None)
+        self.model.eval()
+        with torch.inference_mode():
+            tokens = torch.as_tensor(tokens)
+            if param is not None:
+                tokens = tokens.to(device=param.device, dtype=param.dtype)
+            return self.model.predict(tokens)
+
     # ------------------------------------------------------------- save
     def _save_pretrained(self, save_directory: Path) -> None:
-        """`save_pretrained` (huggingface_hub): the folder without ONNX graphs. The full Hub repo folder,
-        graphs included, is `zoo.export.save_checkpoint(ckpt, folder)`."""
+        """`save_pretrained` (huggingface_hub): the folder without ONNX graphs; huggingface_hub then writes its
+        short card where the folder has none. A generated zoo card left from an earlier save describes other
+        files (graphs this save removes), so it goes; a hand-written README.md stays. The full Hub repo folder,
+        graphs and card included, is `zoo.builder.save(ckpt, folder)` (`zoo export`)."""
         self.save_files(save_directory)
+        card = Path(save_directory) / CARD
+        if card.is_file() and not card.is_symlink() and CARD_MARKER in card.read_text(errors="replace"):
+            card.unlink()
 
     def save_files(self, folder: Path, *, graphs: Callable[[Checkpoint, Path], object] | None = None) -> Path:
-        """Write the checkpoint into `folder`: weights, `graphs(self, folder)` (the export layer's ONNX
-        writer, passed from above), eval results, history, config.json with the hash of every file
-        written, then the card (which shows what config.json lists). Without `graphs` the folder holds
-        no graphs: ones left from an earlier save are removed, never recorded for these weights."""
-        from zoo.card import write_card_and_figures
-
+        """Write the checkpoint's own files into `folder`: weights, `graphs(self, folder)` (the export layer's
+        ONNX writer, passed from above), eval results, history, config.json with the hash of every file
+        written. Without `graphs` the folder holds no graphs: ones left from an earlier save are removed,
+        never recorded for these weights. No card: the layer above renders it from these files."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().to("cpu").contiguous() for k, v in self.model.state_dict().items()}
         core = {
             "format": FORMAT,
-            "entry": self.entry.model_dump(mode="json"),
+            # what the weights are made from and what they are; the expected values and their tolerances are the
+            # registry's, shown by the card and the release index (one source): never a second copy here
+            "entry": self.entry.model_dump(mode="json", exclude={"expected"}),
             "task": self.task_spec.model_dump(mode="json"),
             "construction": self.construction,
             "provenance": self.provenance,
@@ -145,13 +183,13 @@ class Checkpoint(
         if self.history:
             (folder / HISTORY).write_text(json.dumps(self.history))
         write_config(folder, core)
-        write_card_and_figures(self, folder)
         return folder
 
     def push_to_hub(self, repo_id: str, **_kwargs):
         raise NotImplementedError(
             f"a zoo checkpoint is published with its ONNX graphs, which this layer does not write: "
-            f"`zoo.export.save_checkpoint(ckpt, folder)`, then `zoo publish folder --repo {repo_id} --hub hf`"
+            f"`zoo.builder.save(ckpt, folder)` (zoo.export.save_checkpoint with the card), then "
+            f"`zoo publish folder --repo {repo_id} --hub hf`"
         )
 
     # ------------------------------------------------------------- load

@@ -9,11 +9,23 @@ from pathlib import Path
 
 
 def _print_json(obj) -> None:
-    print(json.dumps(obj, indent=2, sort_keys=True, default=str))
+    """Indented JSON with its unicode as it is (θ, η, ≤), or escaped where the output cannot encode it."""
+    text = json.dumps(obj, indent=2, sort_keys=True, default=str, ensure_ascii=False)
+    try:
+        text.encode(sys.stdout.encoding or "utf-8")
+    except (UnicodeEncodeError, LookupError):
+        text = json.dumps(obj, indent=2, sort_keys=True, default=str)
+    print(text)
 
 
 # ---------------------------------------------------------------- registry
+LIST_COLUMNS = ("name", "arch", "source", "task", "reproduces")
+WIDE = 130  # columns from which `zoo list` shows the paper column beside the others
+
+
 def cmd_list(args) -> int:
+    """A table on a terminal (grouped by task below WIDE columns, so it fits 80), plain TSV when the output is
+    piped or redirected (one header line, then one entry a line), JSON with --json."""
     from zoo.registry import list_entries
 
     fields = {k: v for k, v in (("arch_type", args.arch), ("source", args.source), ("task", args.task)) if v}
@@ -22,17 +34,44 @@ def cmd_list(args) -> int:
         _print_json([{"name": e.name, "arch": e.arch.type, "source": e.source.kind, "task": e.task, "paper": e.paper} for e in entries])
         return 0
     from rich.console import Console
+
+    console = Console()
+    if args.tsv or not console.is_terminal:
+        print("\t".join(LIST_COLUMNS))
+        for e in entries:
+            print("\t".join(" ".join(str(v).split()) for v in (e.name, e.arch.type, e.source.kind, e.task, e.paper)))
+        return 0
+    list_table(entries, console)
+    return 0
+
+
+def list_table(entries, console) -> None:
+    """`zoo list` on a terminal of `console.width` columns: every name whole; the paper column only where
+    it fits, and below WIDE columns one section per task (the task's name as its heading)."""
+    from rich import box
     from rich.table import Table
 
-    table = Table(title=f"icl-zoo: {len(entries)} entries")
+    wide = console.width >= WIDE
+    table = Table(title=f"icl-zoo: {len(entries)} entries", box=box.SIMPLE_HEAD, pad_edge=False,
+                  caption=None if wide else "every column: zoo list --json, or piped (TSV)")
     table.add_column("name", no_wrap=True)
-    for col in ("arch", "source", "task"):
-        table.add_column(col, no_wrap=True)
-    table.add_column("reproduces", no_wrap=True, overflow="ellipsis", max_width=60)
-    for e in entries:
-        table.add_row(e.name, e.arch.type, e.source.kind, e.task, e.paper)
-    Console().print(table)
-    return 0
+    table.add_column("arch", no_wrap=True)
+    table.add_column("source", no_wrap=True)
+    if wide:
+        table.add_column("task", no_wrap=True)
+        table.add_column("reproduces", no_wrap=True, overflow="ellipsis", max_width=60)
+        for e in entries:
+            table.add_row(e.name, e.arch.type, e.source.kind, e.task, e.paper)
+    else:
+        by_task: dict[str, list] = {}
+        for e in entries:
+            by_task.setdefault(e.task, []).append(e)
+        for task, group in by_task.items():
+            table.add_row(f"[bold]task {task}[/]", "", "")
+            for e in group:
+                table.add_row(f"  {e.name}", e.arch.type, e.source.kind)
+            table.add_section()
+    console.print(table)
 
 
 def cmd_show(args) -> int:
@@ -288,7 +327,7 @@ def cmd_publish_dataset(args) -> int:
 
     validate_repo_id(args.repo)
     with tempfile.TemporaryDirectory() as tmp:
-        folder, hashes = dataset_folder(args.task, Path(tmp))
+        folder, hashes = dataset_folder(args.task, Path(tmp), repo=args.repo, revision="main")  # the card loads this repo
         sha = publish(folder, args.repo, hub=args.hub, repo_type="dataset", **_hub_kwargs(args))
     print(f"published frozen splits of {args.task} → {args.repo} ({args.hub}) revision {sha}")
     _print_json(hashes)
@@ -342,11 +381,9 @@ def cmd_pull(args) -> int:
 
 # ---------------------------------------------------------------- export / stream
 def cmd_export(args) -> int:
-    from zoo.export.onnx_export import save_checkpoint
-    from zoo.export.onnx_export import not_zoo_file
-
     import zoo
-    from zoo.builder import claim_out
+    from zoo.builder import claim_out, save
+    from zoo.export.onnx_export import not_zoo_file
 
     ckpt = zoo.load(args.path, revision=args.revision, endpoint=args.endpoint)
     local = Path(args.path).is_dir()
@@ -357,7 +394,7 @@ def cmd_export(args) -> int:
     replacing = not in_place and claim_out(out, ckpt.entry, ckpt.task_spec, seed=ckpt.provenance.get("seed"),
                                            force=args.force)
     # weights, ONNX graphs, hashes in config.json, card: staged beside `out` and swapped in whole
-    save_checkpoint(ckpt, out, keep=(lambda n: False) if replacing else not_zoo_file)
+    save(ckpt, out, keep=(lambda n: False) if replacing else not_zoo_file)
     written = sorted(p.name for p in out.glob("*.onnx"))
     print(f"exported {ckpt.entry.name} → {out}: {', '.join(written)}")
     return 0
@@ -402,7 +439,8 @@ def cmd_stream(args) -> int:
 
     with warnings.catch_warnings():  # said once, below, in the CLI's words
         warnings.simplefilter("ignore")
-        session = StreamingSession(args.path, revision=args.revision, endpoint=args.endpoint)
+        session = StreamingSession(args.path, revision=args.revision, endpoint=args.endpoint,
+                                   threads=getattr(args, "threads", None))
     select = (lambda out: out) if args.raw else session.predict
     width = session.d_out if args.raw else session.readout["stop"] - session.readout["start"]
     with ExitStack() as stack:
@@ -457,9 +495,9 @@ def _restore_state(session, path: str | None) -> None:
 
 
 def cmd_release(args) -> int:
-    from zoo import release
+    from zoo import locate, release
 
-    root = Path(args.root) if args.root else release.release_dir()
+    root = Path(args.root) if args.root else locate.release_dir()
     if args.release_command == "build":
         _training_process()
         started = __import__("time").perf_counter()
@@ -467,7 +505,7 @@ def cmd_release(args) -> int:
                                       workers=args.workers, threads=args.threads, force=args.force,
                                       compiled=not args.no_compile)
         print(f"release {index['version']}: {len(index['entries'])} entries in {root} "
-              f"({__import__('time').perf_counter() - started:.0f} s); index: {root / release.INDEX_MD}")
+              f"({__import__('time').perf_counter() - started:.0f} s); index: {root / locate.INDEX_MD}")
         if args.archive:
             path = release.write_archive(root, Path(args.archive))
             print(f"archive {path}: {path.stat().st_size / 2**20:.2f} MiB (on another machine: zoo release unpack --adopt-index {path})")
@@ -491,7 +529,7 @@ def cmd_release(args) -> int:
                   "hash-verified against the archive's own index, not against the index shipped before)")
         else:
             print(f"unpacked {args.archive} into {root} (every file hash-verified against the shipped index "
-                  f"{release.release_dir() / release.INDEX_JSON})")
+                  f"{locate.release_dir() / locate.INDEX_JSON})")
     elif args.release_command == "publish":
         out = release.publish_release(args.org, hub=args.hub, root=root, datasets=not args.no_datasets)
         print(f"published {len(out['repos'])} repos at tag {out['version']}; collection {out['collection']}")
@@ -564,6 +602,9 @@ def cmd_report(args) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zoo", description="icl-zoo: in-context learning by gradient descent, as a model zoo")
     p.add_argument("--debug", action="store_true", help="show the full traceback of an error instead of one line")
+    from zoo.version import __version__
+
+    p.add_argument("--version", action="version", version=f"icl-zoo {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("list", help="list registry entries")
@@ -571,7 +612,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--arch", help="architecture type, e.g. lsa")
     s.add_argument("--source", choices=["trained", "constructed"])
     s.add_argument("--task")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="a JSON list (name, arch, source, task, paper)")
+    s.add_argument("--tsv", action="store_true", help="tab-separated values with a header (the default when piped)")
     s.set_defaults(fn=cmd_list)
 
     s = sub.add_parser("show", help="print one entry and its task")
@@ -742,6 +784,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--state-out", metavar="NPZ", help="save the state after the last token (resume with --state-in)")
     s.add_argument("--revision")
     s.add_argument("--endpoint")
+    s.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads (default: its own choice)")
     s.add_argument("--quiet", action="store_true")
     s.set_defaults(fn=cmd_stream)
 
@@ -781,6 +824,77 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+TARGET_ARGS = ("path", "repo", "source", "model")  # the arguments that name a folder or a Hub repo
+
+
+def _looks_like_folder(text: str) -> bool:
+    """A path a person typed (./x, ../x, /x, ~/x, a/b/c, x\\y, or under a folder that exists here), not ORG/NAME."""
+    path = Path(text).expanduser()
+    return (text.startswith((".", "/", "~")) or text.count("/") > 1 or "\\" in text
+            or (path.parent != Path(".") and path.parent.is_dir()))
+
+
+def _hub_failure(e: BaseException) -> str | None:
+    """What a huggingface_hub error means to a person: 'not found' or 'cannot reach'; None for other errors."""
+    for err in (e, e.__cause__, e.__context__):
+        if err is None:
+            continue
+        module, name = type(err).__module__, type(err).__name__
+        if module.startswith("huggingface_hub") or name in ("ConnectError", "ConnectionError"):
+            text = str(err)
+            if name == "LocalEntryNotFoundError" or "ConnectError" in text or "Name or service" in text or "Connection refused" in text:
+                return "cannot reach the hub"
+            if name == "RevisionNotFoundError":
+                return "no such revision"
+            return "not found"
+    return None
+
+
+def _explain_missing(args, e: BaseException) -> str | None:
+    """A folder or repo the command could not find, said in a person's terms: "no such folder" for a path
+    that does not exist (never a Hub error about it), and for a repo id the hub does not hold, the released
+    entries it is close to (a 401 from a hub means "no such repo" for a reader without a token)."""
+    import difflib
+
+    target = next((v for k in TARGET_ARGS if isinstance(v := getattr(args, k, None), str)), None)
+    if target is None or Path(target).expanduser().exists():
+        return None
+    failure = _hub_failure(e)
+    invalid_id = isinstance(e, ValueError) and "invalid repo id" in str(e)
+    if failure is None and not invalid_id:
+        return None
+    if invalid_id or _looks_like_folder(target):
+        return f"no such folder: {target}"
+    endpoint = getattr(args, "endpoint", None)
+    if not endpoint:  # what huggingface_hub asked: HF_ENDPOINT as it was when huggingface_hub was imported
+        from huggingface_hub import constants
+
+        endpoint = constants.ENDPOINT
+    revision = getattr(args, "revision", None)
+    what = f"{target}@{revision}" if revision else target
+    try:
+        from zoo.locate import ORG, read_index
+
+        released = [f"{ORG}/{n}" for n in read_index()["entries"]]
+    except Exception:  # no shipped index: no suggestions, the message stands without them
+        released = []
+    near = difflib.get_close_matches(target, released, n=4, cutoff=0.6)
+    for name in difflib.get_close_matches(target.split("/")[-1], [r.split("/", 1)[1] for r in released], n=4, cutoff=0.6):
+        if f"{ORG}/{name}" not in near:  # the name part alone: a mistyped org, or a bare name with a slash
+            near.append(f"{ORG}/{name}")
+    if failure == "cannot reach the hub":
+        message = f"{what}: no such folder here, and the hub {endpoint} cannot be reached to look for a repo of that name"
+    elif failure == "no such revision":
+        message = f"{target} has no revision {revision!r} on {endpoint}"
+    else:
+        message = f"{what}: no such folder here, and no such repo on {endpoint}"
+    if near:
+        message += f"; did you mean {', '.join(near[:4])}? (released entries; a bare entry name loads the shipped release)"
+    else:
+        message += "; `zoo list` shows the released entries (a bare entry name loads the shipped release)"
+    return message
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -798,6 +912,10 @@ def main(argv: list[str] | None = None) -> int:
         # else that escapes (a library's own exception type on a hostile file) is named by its type.
         if args.debug:
             raise
+        explained = _explain_missing(args, e)
+        if explained:
+            print(f"error: {explained}", file=sys.stderr)
+            return 2
         known = isinstance(e, (ValueError, KeyError, OSError, RuntimeError))
         message = " ".join(str(e).split()) if not known else str(e)
         print(f"error: {message}" if known else f"error: {type(e).__name__}: {message[:500]} (--debug for the traceback)",

@@ -1,13 +1,13 @@
 """Hub I/O: publish checkpoints and frozen datasets to the real Hugging Face Hub or to a local
-hub, serve the local hub with olah, and pull through the ordinary `huggingface_hub` clients.
+hub, serve the local hub with the zoo's read-only hub server, and pull through the ordinary `huggingface_hub` clients.
 
 Local hub: a directory of git repositories laid out like the Hub,
 
     <root>/models/<org>/<name>     branch main, one commit per publish (history kept)
     <root>/datasets/<org>/<name>
 
-served by olah (a Hugging Face–compatible server) on loopback in offline mode, behind the request
-guard of `zoo.hub_server` (read-only; only valid ids of repos inside the root get through). Then
+served by `zoo.hub_server` (a purpose-built, read-only Hugging Face–compatible server over the repos'
+git history) on loopback: only valid ids of repos inside the root get through. Then
 `snapshot_download(repo_id, endpoint=...)`, `hf_hub_download` and
 `datasets.load_dataset(repo_id)` work unchanged. huggingface_hub reads HF_ENDPOINT at import
 time, so this module always passes `endpoint=` explicitly.
@@ -26,7 +26,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from zoo.locate import REPO_ID, HubError, cache_dir, resolve_folder, validate_repo_id  # noqa: F401  (no torch: `zoo hub serve` starts fast)
+from zoo.locate import HubError, cache_dir, validate_repo_id
 
 REPO_TYPES = ("model", "dataset")
 NEVER_PUBLISHED = (".train", ".git", ".cache")  # training state and VCS/cache internals stay local
@@ -133,8 +133,10 @@ def publish(folder: Path, repo_id: str, *, hub: str = "local", repo_type: str = 
 
 
 # ---------------------------------------------------------------- frozen datasets as dataset repos
-def dataset_folder(task_name: str, out: Path) -> tuple[Path, dict]:
-    """A Hub dataset repo folder for a task's frozen splits: parquet per split, hashes, card."""
+def dataset_folder(task_name: str, out: Path, *, repo: str | None = None, revision: str | None = None) -> tuple[Path, dict]:
+    """A Hub dataset repo folder for a task's frozen splits: parquet per split, hashes, card. The card's
+    examples load `repo` (default `icl-zoo/<task>`) at `revision` (default the release's tag)."""
+    from zoo.locate import ORG, VERSION
     from zoo.leaderboard import leaderboard_url
     from zoo.registry import get_task_spec
     from zoo.tasks.frozen import load_split, save_split
@@ -150,7 +152,10 @@ def dataset_folder(task_name: str, out: Path) -> tuple[Path, dict]:
         os.replace(tmp / "data.parquet", out / "data" / f"{split}-00000-of-00001.parquet")
         shutil.rmtree(tmp)
         hashes[split] = {"sha256": s.sha256, "n": int(s.x.shape[0]), "seed": spec.splits[split].seed}
+        shapes = f"x {tuple(s.x.shape[1:])} and y {tuple(s.y.shape[1:])} per row"
     (out / "hashes.json").write_text(json.dumps({"task": task_name, "splits": hashes}, indent=2))
+    repo, revision = repo or f"{ORG}/{task_name}", revision or VERSION
+    test_sha256 = hashes.get("test", {}).get("sha256", "")
     configs = "\n".join(f"  - split: {s}\n    path: data/{s}-*.parquet" for s in spec.splits)
     hash_rows = "\n".join(f"| {s} | {h['n']} | {h['seed']} | `{h['sha256']}` |" for s, h in hashes.items())
     (out / "README.md").write_text(f"""---
@@ -178,9 +183,22 @@ float32 arrays (see `zoo/tasks/frozen.py`), checked on every load:
 |---|---|---|---|
 {hash_rows}
 
+With `datasets` alone, pinned to the release's revision:
+
+```python
+from datasets import load_dataset
+
+test = load_dataset("{repo}", revision="{revision}", split="test").with_format("numpy")[:]
+x, y = test["x"], test["y"]  # float32 arrays, {shapes}; a model card says how they become tokens
+```
+
+With the zoo, which also checks the split's SHA-256 and refuses a mismatch:
+
 ```python
 from zoo.tasks.frozen import load_split_from_hub
-split = load_split_from_hub("ORG/NAME", split="test", expected_sha256="...")   # refuses a mismatch
+
+split = load_split_from_hub("{repo}", split="test", revision="{revision}",
+                            expected_sha256="{test_sha256}")
 ```
 """)
     return out, hashes
@@ -193,9 +211,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def olah_config(root: Path, port: int, workdir: Path) -> Path:
+def server_config(root: Path, port: int, workdir: Path) -> Path:
+    """The hub server's TOML ([basic] host, port, mirrors-path = [ROOT]) in `workdir`."""
     q = lambda path: json.dumps(Path(path).resolve().as_posix(), ensure_ascii=False)  # a TOML basic string
-    cfg = workdir / "olah.toml"
+    cfg = workdir / "hub.toml"
     cfg.write_text(
         "[basic]\n"
         f'host = "127.0.0.1"\nport = {int(port)}\n'
@@ -219,17 +238,16 @@ def check_port_free(port: int) -> None:
 
 def start_server(root: Path | None = None, port: int | None = None, *, timeout: float = 60.0,
                  log: Path | None = None) -> tuple[subprocess.Popen, str]:
-    """Start olah over the local hub on 127.0.0.1; returns (process, endpoint) once it answers.
-
-    olah runs behind `zoo.hub_server`'s guard: only GET/HEAD requests for a valid `ORG/NAME` git
-    repo inside `root` (made absolute here), with a plain revision and file path, reach it."""
+    """Start the hub server (`python -m zoo.hub_server`) over the local hub on 127.0.0.1; returns
+    (process, endpoint) once it answers. It serves only GET/HEAD (and the read-only paths-info POST) for a
+    valid `ORG/NAME` git repo inside `root` (made absolute here), with a plain revision and file path."""
     root = (Path(root) if root else default_local_hub()).resolve()
     root.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     check_port_free(port)
-    workdir = Path(tempfile.mkdtemp(prefix="icl-zoo-olah-"))
-    cfg = olah_config(root, port, workdir)
-    log_file = open(log or workdir / "olah.log", "w")
+    workdir = Path(tempfile.mkdtemp(prefix="icl-zoo-hub-"))
+    cfg = server_config(root, port, workdir)
+    log_file = open(log or workdir / "hub.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "zoo.hub_server", "--config", str(cfg), "--log-path", str(workdir / "logs")],
         cwd=workdir, stdout=log_file, stderr=subprocess.STDOUT,
@@ -238,7 +256,7 @@ def start_server(root: Path | None = None, port: int | None = None, *, timeout: 
     endpoint = f"http://127.0.0.1:{port}"
     try:
         return _wait_until_up(proc, endpoint, log_file, timeout)
-    except BaseException:  # Ctrl-C / SIGTERM while starting: olah and its temp folder go too
+    except BaseException:  # Ctrl-C / SIGTERM while starting: the server and its temp folder go too
         stop_server(proc)
         raise
 
@@ -249,7 +267,7 @@ def _wait_until_up(proc, endpoint: str, log_file, timeout: float):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise HubError(f"olah exited with code {proc.returncode}:\n{Path(log_file.name).read_text()[-2000:]}")
+            raise HubError(f"the hub server exited with code {proc.returncode}:\n{Path(log_file.name).read_text()[-2000:]}")
         try:
             urllib.request.urlopen(endpoint + "/api/models/zoo-health/check", timeout=1)
             return proc, endpoint
@@ -257,11 +275,11 @@ def _wait_until_up(proc, endpoint: str, log_file, timeout: float):
             return proc, endpoint  # it answered (404 for the unknown repo): up
         except OSError:
             time.sleep(0.2)
-    raise HubError(f"olah did not answer on {endpoint} within {timeout:.0f}s")
+    raise HubError(f"the hub server did not answer on {endpoint} within {timeout:.0f}s")
 
 
 def stop_server(proc: subprocess.Popen) -> None:
-    """Stop olah and remove its temporary folder (config, logs, repo cache)."""
+    """Stop the hub server and remove its temporary folder (config, logs)."""
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -276,7 +294,7 @@ def stop_server(proc: subprocess.Popen) -> None:
 
 @contextmanager
 def serve(root: Path | None = None, port: int | None = None):
-    """Context manager: the local hub served by olah; yields the endpoint URL."""
+    """Context manager: the local hub served by `zoo.hub_server`; yields the endpoint URL."""
     proc, endpoint = start_server(root, port)
     try:
         yield endpoint

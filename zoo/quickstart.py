@@ -32,17 +32,17 @@ def run_release(out: Path, entry: str = RELEASE_DEMO_ENTRY) -> dict:
     from zoo import hub, release
     from zoo.checkpoint import read_checkpoint
     from zoo.evaluation import rescore
-    from zoo.locate import locate
+    from zoo.locate import INDEX_MD, locate, read_index, release_dir
     from zoo.registry import get_task_spec
     from zoo.tasks.frozen import load_split_from_hub
 
     started = time.perf_counter()
     out = Path(out)
-    index = release.read_index()
+    index = read_index()
     row = index["entries"][entry]
     task = zoo.get_entry(entry).task
     say(f"the release shipped with this package: {len(index['entries'])} entries, {index['version']} "
-        f"({release.release_dir() / release.INDEX_MD})")
+        f"({release_dir() / INDEX_MD})")
 
     root = out / "local-hub"
     say(f"serving it as a Hugging Face hub: icl-zoo/{entry} and the dataset icl-zoo/{task} (zoo hub serve)")
@@ -135,7 +135,7 @@ def run(out: Path, steps: int = 1500) -> dict:
     rev = hub.publish_local(out / "lsa-d10-c10", OWN_REPO, root=root)
     console.print(f"  models/{OWN_REPO} @ {rev[:10]}, datasets/icl-zoo/linreg-d10-c10 @ {ds_rev[:10]}")
 
-    say("serving it with olah on loopback (zoo hub serve) and pulling back through huggingface_hub / datasets")
+    say("serving it with the zoo's hub server on loopback (zoo hub serve) and pulling back through huggingface_hub / datasets")
     with hub.serve(root) as endpoint:
         console.print(f"  HF_ENDPOINT={endpoint}")
         pulled = zoo.load(OWN_REPO, endpoint=endpoint)

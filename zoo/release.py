@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from zoo import atomic, locate
 from zoo.expected import PAIRED_KEYS, VERDICTS, check, measurements, needs_paired, verdict
-from zoo.locate import (  # noqa: F401  (resolving and verifying a released folder needs no torch: zoo/locate.py)
+from zoo.locate import (
     INDEX_JSON,
     INDEX_MD,
     ORG,
@@ -104,18 +104,27 @@ def run_length(name: str, device: str, time_budget: float | None, compiled: bool
 
 
 def training_mode(name: str, device: str, compiled: bool = True) -> tuple[bool, bool]:
-    """(graphed, compiled): how the release build trains entry `name` on `device`. Vmappable models on
-    a GPU replay each step as one CUDA graph (zoo/ensemble.py), unless their recipe skips overflowing
-    steps (`max_skipped_steps`: each step is checked); the others go through torch.compile
-    (with `compiled`) where their model says it pays and a compiler is there to build it."""
+    """(graphed, compiled): how the release build trains entry `name` on `device`, one seed at a
+    time: zoo.train.training_mode on its untrained model (the rule `zoo build` and `zoo sweep` use)."""
     from zoo.models import create_model
-    from zoo.train import can_compile, on_cuda
+    from zoo.train import training_mode as mode_of
 
     entry = get_entry(name)
     model = create_model(entry.arch, get_task_spec(entry.task).build())
-    skips = getattr(entry.source, "max_skipped_steps", 0)  # skipping steps trains one model at a time, not a graph
-    graphed = on_cuda(device) and model.vmappable and not skips
-    return graphed, compiled and not graphed and model.compile_pays and can_compile(device)
+    mode = mode_of(model, entry.source, device, compile=compiled)
+    return mode.graphed, mode.compiled
+
+
+def build_entry_announced(name: str, root: Path, **kwargs) -> dict:
+    """`build_entry` in a worker of `zoo release build --workers N`, saying when it starts (its process) and
+    how long its run is: the pool's lines come one per entry as they start and as they finish."""
+    import os
+
+    started = time.strftime("%H:%M:%S")
+    entry = get_entry(name)
+    length = f"{entry.source.steps:,} recipe steps" if entry.source.kind == "trained" else "constructed"
+    print(f"  started {name} ({length}; worker pid {os.getpid()}, {started})", flush=True)
+    return build_entry(name, root, **kwargs)
 
 
 def build_entry(name: str, root: Path, *, time_budget: float | None, device: str | None, threads: int | None,
@@ -124,7 +133,7 @@ def build_entry(name: str, root: Path, *, time_budget: float | None, device: str
     A trained entry that does not run as a CUDA-graph ensemble trains compiled (`compiled`)."""
     import torch
 
-    from zoo.builder import build, build_ensemble
+    from zoo.builder import build, build_ensemble, claim_run_dir, read_run_record
     from zoo.train import default_device, flush_denormals_in_this_process
 
     flush_denormals_in_this_process()  # a worker process: before its first op starts torch's threads
@@ -138,14 +147,13 @@ def build_entry(name: str, root: Path, *, time_budget: float | None, device: str
     if entry.source.kind == "trained":
         graphed, compiled = training_mode(name, device, compiled)
         steps, rate = run_length(name, device, time_budget, compiled=compiled)
-        marker = work / "run.json"  # a resumed build continues the same run length, for the same definition
-        previous = _read_marker(marker)  # None: no marker; {} a corrupt one, whose work is then not resumed
-        if previous is not None and (force or previous.get("fingerprint") != entry_fingerprint(name)):
-            shutil.rmtree(work)  # a forced rebuild, or the recipe changed: the old state is not this run's
-        elif previous is not None:
+        # The run record (zoo.builder.claim_run_dir's schema): a resumed build continues the same run
+        # length for the same definition; another definition's, a corrupt one or a forced rebuild starts afresh.
+        previous = read_run_record(work)
+        if not force and previous and (previous.get("entry"), previous.get("definition"), previous.get("seed")) == (
+                name, entry_fingerprint(name), entry.source.seed) and isinstance(previous.get("steps"), int):
             steps = previous["steps"]
-        work.mkdir(parents=True, exist_ok=True)
-        atomic.write_text(marker, json.dumps({"steps": steps, "fingerprint": entry_fingerprint(name)}))
+        claim_run_dir(work, entry, get_task_spec(entry.task), seed=entry.source.seed, steps=steps, force=True)
         # force: `work` is the release's own scratch; the marker above decided what of it is resumed, and
         # what else an interrupted build left there (another definition's checkpoint) is replaced
         if graphed:  # zoo/ensemble.py
@@ -164,25 +172,6 @@ def build_entry(name: str, root: Path, *, time_budget: float | None, device: str
     _swap_in(root, name, staged)
     shutil.rmtree(work, ignore_errors=True)
     return index_row(name, root / name, build_seconds=seconds, steps_per_second=rate)
-
-
-def _read_marker(path: Path) -> dict | None:
-    """The run.json of an interrupted build of this entry, None when there is none. A corrupt one (empty,
-    not JSON, wrong fields: a kill while an older version wrote it, a hand edit) is discarded with a
-    warning and read as {}: its build folder is then started afresh rather than wedging every build."""
-    if not path.is_file():
-        return None
-    try:
-        marker = json.loads(path.read_text())
-    except (OSError, ValueError):  # ValueError: invalid JSON or UTF-8
-        marker = None
-    if (isinstance(marker, dict) and isinstance(marker.get("fingerprint"), str)
-            and isinstance(marker.get("steps"), int) and not isinstance(marker["steps"], bool) and marker["steps"] > 0):
-        return marker
-    import warnings
-
-    warnings.warn(f"{path}: corrupt build marker, discarded; {path.parent} is rebuilt from the start", stacklevel=2)
-    return {}
 
 
 def _staging(root: Path, name: str) -> Path:
@@ -330,7 +319,8 @@ def build_release(root: Path | None = None, *, only: list[str] | None = None, ti
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
         with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
-            futures = {pool.submit(build_entry, name, root, **kwargs): name for name in todo}
+            futures = {pool.submit(build_entry_announced if progress else build_entry, name, root, **kwargs): name
+                       for name in todo}
             for future in as_completed(futures):
                 try:
                     row = future.result()
@@ -844,7 +834,7 @@ def publish_release(org: str, *, hub: str = "hf", root: Path | None = None, toke
         for task in sorted({get_entry(n).task for n in index["entries"]}):
             repo = validate_repo_id(f"{org}/{task}")
             with tempfile.TemporaryDirectory() as tmp:
-                folder, _ = dataset_folder(task, Path(tmp) / task)
+                folder, _ = dataset_folder(task, Path(tmp) / task, repo=repo, revision=version)  # the card's own id and tag
                 publish_hub(folder, repo, repo_type="dataset", endpoint=endpoint, token=token,
                             message=f"icl-zoo release {version}")
             tag(repo, "dataset")
@@ -869,6 +859,7 @@ def refresh_release(root: Path | None = None, *, only: list[str] | None = None, 
     export, e.g. a new graph) and record their hashes in config.json."""
     from zoo.card import write_card_and_figures
     from zoo.checkpoint import read_checkpoint
+    from zoo.manifest import GRAPH_FILES, read_config_core
 
     root = Path(root or release_dir())
     index = read_index(root)
@@ -887,6 +878,15 @@ def refresh_release(root: Path | None = None, *, only: list[str] | None = None, 
                 shutil.copyfile(path, staged / path.name)
             write_graphs(ckpt, staged)  # the graphs, and their hashes in config.json
             write_card_and_figures(read_checkpoint(staged), staged, extra_metrics=remeasured)  # the new hashes verify
+            _swap_in(root, name, staged)
+        elif "expected" in read_config_core(root / name)["entry"]:
+            # a config.json of an older save keeps a copy of the expected values (tolerances the card no longer
+            # shows): saved again without it, the same tensors and graphs, the weights' header naming the new config
+            staged = _staging(root, name)
+            for path in sorted((root / name).iterdir()):
+                shutil.copyfile(path, staged / path.name)
+            ckpt.save_files(staged, graphs=lambda _ckpt, folder: [folder / g for g in GRAPH_FILES if (folder / g).is_file()])
+            write_card_and_figures(read_checkpoint(staged), staged, extra_metrics=remeasured)
             _swap_in(root, name, staged)
         else:
             write_card_and_figures(ckpt, root / name, extra_metrics=remeasured)

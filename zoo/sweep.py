@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,7 +95,7 @@ def expand(spec: SweepSpec) -> list[Run]:
 
 
 def run_one(run: Run, out_dir: str, steps: int | None, device: str | None, threads: int | None = None,
-            compiled: bool = False, model=None, track_alignment: bool = False) -> dict:
+            compiled: bool = False, model=None, track_alignment: bool = False, progress: bool = False) -> dict:
     """Build one run (or read it back when finished) and return its results row. `model`: the run's
     untrained model when the caller has built it already (`run_group`)."""
     from zoo.builder import build
@@ -105,8 +106,8 @@ def run_one(run: Run, out_dir: str, steps: int | None, device: str | None, threa
     if (folder / CONFIG).exists():
         return result_row(run, read_checkpoint(folder), "cached")
     _register_task_variant(run)
-    ckpt = build(run.config, folder, steps=steps, device=device, seed=run.seed, progress=False, compiled=compiled,
-                 model=model, track_alignment=track_alignment)
+    ckpt = build(run.config, folder, steps=steps, device=device, seed=run.seed, progress=progress, compiled=compiled,
+                 model=model, track_alignment=track_alignment)  # progress: the run's step bar, with its loss
     return result_row(run, ckpt, "built")
 
 
@@ -135,34 +136,35 @@ def _limit_threads(threads: int | None) -> None:
 
 
 def run_group(runs: list[Run], out_dir: str, steps: int | None, device: str | None, threads: int | None = None,
-              compiled: bool = False, track_alignment: bool = False) -> list[dict]:
+              compiled: bool = False, track_alignment: bool = False, progress: bool = False) -> list[dict]:
     """Runs that differ only in their seed: trained together as an ensemble when there are
-    several unfinished ones and their model can be vmapped, else built one by one."""
+    several unfinished ones and their model can be vmapped, else built one by one. `progress`: each
+    training's step bar with its train and validation loss (zoo.train)."""
     from zoo.builder import build_ensemble, untrained_model
     from zoo.checkpoint import CONFIG
-    from zoo.train import on_cuda
+    from zoo.train import training_mode
 
     pending = [r for r in runs if not (Path(out_dir) / r.name / CONFIG).exists()]
     _limit_threads(threads)
-    first, model = (pending[0] if pending else None), None
-    # On a GPU even one run goes through the ensemble trainer: its step is one CUDA graph replay.
-    # A recipe that skips overflowing steps trains one model at a time (zoo.ensemble.train_ensemble).
-    if (first and first.config.source.kind == "trained" and not first.config.source.max_skipped_steps
-            and (len(pending) > 1 or on_cuda(device))):
-        # The first run's untrained model, built once: it says whether the family can be vmapped
-        # (fused LSTM/GRU kernels cannot), then trains as the ensemble's first member or on its own.
+    first, model, ensemble = (pending[0] if pending else None), None, False
+    if first and first.config.source.kind == "trained":
+        # The first run's untrained model, built once: with the recipe it decides the training mode
+        # (zoo.train.training_mode: an ensemble of the pending seeds, or on a GPU even of one, whose step
+        # is then one CUDA graph), then trains as the ensemble's first member or on its own.
         _register_task_variant(first)
         model = untrained_model(first.config, first.seed)
-    if model is None or not getattr(model, "vmappable", True):
+        ensemble = training_mode(model, first.config.source, device, members=len(pending)).ensemble
+    if not ensemble:
         return [run_one(r, out_dir, steps, device, compiled=compiled, model=model if r is first else None,
-                        track_alignment=track_alignment) for r in runs]
+                        track_alignment=track_alignment, progress=progress) for r in runs]
     ckpts = build_ensemble(first.config, [r.seed for r in pending], [Path(out_dir) / r.name for r in pending],
                            run_dir=Path(out_dir) / ".ensembles" / first.name.replace(f"--seed{first.seed}", ""),
-                           steps=steps, device=device, progress=False, compiled=compiled, first=model,
+                           steps=steps, device=device, progress=progress, compiled=compiled, first=model,
                            track_alignment=track_alignment)
     built = {r.name: ckpt for r, ckpt in zip(pending, ckpts)}
     return [result_row(r, built[r.name], f"built (ensemble of {len(pending)})") if r.name in built
-            else run_one(r, out_dir, steps, device, compiled=compiled, track_alignment=track_alignment) for r in runs]
+            else run_one(r, out_dir, steps, device, compiled=compiled, track_alignment=track_alignment, progress=progress)
+            for r in runs]
 
 
 def groups_of(runs: list[Run], ensemble: bool) -> list[list[Run]]:
@@ -182,18 +184,37 @@ def run_sweep(spec: SweepSpec, out: str | Path | None = None, backend: Literal["
     if backend == "local":
         from tqdm.auto import tqdm
 
-        bar = tqdm(groups, desc=spec.name, disable=not progress)
-        rows = [row for g in bar for row in run_group(g, str(out), spec.steps, spec.device, compiled=spec.compiled,
-                                                       track_alignment=spec.track_alignment)]
+        bar = tqdm(groups, desc=spec.name, unit="group", disable=not progress)
+        rows = []
+        for g in bar:
+            bar.set_postfix_str(g[0].name if len(g) == 1 else f"{g[0].entry} ×{len(g)} seeds")
+            done = run_group(g, str(out), spec.steps, spec.device, compiled=spec.compiled,
+                             track_alignment=spec.track_alignment, progress=progress)
+            rows += done
+            if progress:
+                for row in done:
+                    bar.write(run_line(row), file=sys.stderr)  # beside the bar; stdout keeps the results table
     elif backend == "ray":
-        rows = _run_on_ray(groups, out, spec, address, gpus_per_run)
+        rows = _run_on_ray(groups, out, spec, address, gpus_per_run, progress=progress)
     else:
         raise ValueError(f"backend must be 'local' or 'ray', got {backend!r}")
     write_results(rows, out)
     return rows
 
 
-def _run_on_ray(groups: list[list[Run]], out: Path, spec: SweepSpec, address: str | None, gpus_per_run: float) -> list[dict]:
+def run_line(row: dict) -> str:
+    """One finished run, as the sweep prints it: name, how it was made, steps and losses."""
+    parts = [row["status"]]
+    if row.get("steps"):
+        parts.append(f"{row['steps']:,} steps")
+    if isinstance(row.get("test_loss"), float):
+        parts.append(f"test loss {row['test_loss']:.5g}"
+                     + (f" (GD {row['gd_loss']:.5g})" if isinstance(row.get("gd_loss"), float) else ""))
+    return f"  {row['run']}: " + ", ".join(parts)
+
+
+def _run_on_ray(groups: list[list[Run]], out: Path, spec: SweepSpec, address: str | None, gpus_per_run: float,
+                progress: bool = False) -> list[dict]:
     try:
         import ray
     except ImportError:
@@ -203,8 +224,17 @@ def _run_on_ray(groups: list[list[Run]], out: Path, spec: SweepSpec, address: st
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     try:
         remote = ray.remote(num_cpus=1, num_gpus=gpus_per_run)(run_group)
-        results = ray.get([remote.remote(g, str(out.resolve()), spec.steps, spec.device, 1, spec.compiled,
-                                         spec.track_alignment) for g in groups])
+        pending = {remote.remote(g, str(out.resolve()), spec.steps, spec.device, 1, spec.compiled,
+                                 spec.track_alignment): i for i, g in enumerate(groups)}
+        results: list[list[dict]] = [[] for _ in groups]
+        while pending:  # each group's runs printed as they finish, in whatever order the cluster ends them
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                results[pending.pop(ref)] = rows = ray.get(ref)
+                if progress:
+                    for row in rows:
+                        print(run_line(row) + f"  [{len(groups) - len(pending)}/{len(groups)} groups]", file=sys.stderr,
+                              flush=True)
         return [row for rows in results for row in rows]
     finally:
         if started_here:

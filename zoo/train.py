@@ -272,6 +272,32 @@ def can_compile(device: torch.device | str = "cpu") -> bool:
     return any(shutil.which(c) for c in (os.environ.get("CXX"), "g++", "c++", "clang++") if c)
 
 
+@dataclass(frozen=True)
+class TrainingMode:
+    """How a run, or E seeds of one run, trains on a device: the one decision that `zoo build`,
+    `zoo sweep` and `zoo release build` share (`training_mode`)."""
+
+    ensemble: bool  # through zoo.ensemble: E vmapped members; on a GPU even one, so its step can be a graph
+    graphed: bool  # each step replayed as one CUDA graph (ensembles on a GPU)
+    compiled: bool  # the step through torch.compile (eager launches only)
+
+
+def training_mode(model, recipe, device, *, members: int = 1, compile: bool = False) -> TrainingMode:
+    """The `TrainingMode` for `model` trained with `recipe` on `device`, `members` seeds at once.
+
+    - Ensemble: the model can be vmapped (fused LSTM/GRU kernels cannot), the recipe does not skip
+      overflowing steps (`max_skipped_steps`: each member's step is checked alone), and there are
+      several members, or one on a GPU.
+    - Graphed: an ensemble on a GPU.
+    - Compiled, when asked (`compile`): not graphed, the model says compiling pays
+      (`compile_pays`), and a compiler is there (`can_compile`: on a CPU without one, eager)."""
+    skips = bool(getattr(recipe, "max_skipped_steps", 0))
+    ensemble = getattr(model, "vmappable", True) and not skips and (members > 1 or on_cuda(device))
+    graphed = ensemble and on_cuda(device)
+    compiled = compile and not graphed and getattr(model, "compile_pays", True) and can_compile(device or default_device())
+    return TrainingMode(ensemble=ensemble, graphed=graphed, compiled=compiled)
+
+
 def optimizer_update(opt, clip=None, *, compiled: bool = False):
     """update(): `clip()` (if given), then the optimiser's step; with `compiled`, both through torch.compile.
 

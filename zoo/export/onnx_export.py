@@ -231,17 +231,26 @@ def not_zoo_file(name: str) -> bool:
     return name not in ZOO_FILES
 
 
-def save_checkpoint(ckpt, folder: Path, *, keep: Callable[[str], bool] = not_zoo_file) -> Path:
+def save_checkpoint(ckpt, folder: Path, *, keep: Callable[[str], bool] = not_zoo_file,
+                    card: Callable[[object, Path], object] | None = None) -> Path:
     """A checkpoint's whole Hub repo folder: what `Checkpoint.save_pretrained` writes (weights, eval
-    results, history, card) and its ONNX graphs, every file's SHA-256 in config.json. `zoo build`,
-    `zoo export` and the release save through this; the checkpoint layer itself writes no ONNX.
+    results, history, config.json) and its ONNX graphs, every file's SHA-256 in config.json; then
+    `card(ckpt, folder)`, the card writer the caller passes (the builder's `zoo.card.write_card_and_figures`),
+    rendered from the files just saved. Neither this layer nor the checkpoint's renders a card:
+    `zoo build`, `zoo export` and the release save through `zoo.builder.save`, which passes it.
 
-    Written into a hidden sibling and swapped in whole (zoo.atomic.replace_folder): an error or a kill
-    at any point leaves the folder's previous checkpoint loadable. Of the previous folder, the entries
-    `keep(name)` accepts and the new save did not write are copied over (by default everything but
-    the zoo's own files: as when saves were written in place); `keep=lambda name: False` replaces
+    Written into a hidden sibling and swapped in whole (zoo.atomic.replace_folder), card included: an
+    error or a kill at any point leaves the folder's previous checkpoint loadable. Of the previous folder,
+    the entries `keep(name)` accepts and the new save did not write are copied over (by default everything
+    but the zoo's own files: as when saves were written in place); `keep=lambda name: False` replaces
     the folder entirely."""
-    replace_folder(folder, lambda staged: ckpt.save_files(staged, graphs=export_checkpoint_graphs), keep=keep)
+
+    def write(staged: Path) -> None:
+        ckpt.save_files(staged, graphs=export_checkpoint_graphs)
+        if card is not None:
+            card(ckpt, staged)
+
+    replace_folder(folder, write, keep=keep)
     return Path(folder)
 
 

@@ -1,0 +1,118 @@
+"""What a released model card promises a stranger, checked against the released files (issue 40, items 3-5):
+
+| promise | checked by |
+|---|---|
+| the datasets + onnxruntime snippet runs as printed (no zoo code) and prints the card's test loss | test_card_onnx_snippet_reproduces_the_card_number |
+| metadata: tag `onnx`, the task's type and name, the dataset revision pinned, `base_model` for students and construction-initialised entries | test_card_metadata_fits_each_entry |
+| config.json holds no second copy of the expected values and tolerances (the registry's, on the card) | test_config_holds_no_expected_values |
+| `ckpt.predict` gives tensors without grad in eval mode; `zoo.from_pretrained` the plain module | test_predict_has_no_autograd_graph, test_from_pretrained_gives_the_plain_module |
+| saving renders no card; the builder's save writes it after the files | test_checkpoint_save_writes_no_card_the_builder_does |
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from huggingface_hub import ModelCard
+
+import zoo
+from zoo.card import ONNX_TOLERANCE, base_model
+from zoo.locate import VERSION, read_index, release_dir
+from zoo.registry import default_registry, get_task_spec
+
+RELEASED = sorted(read_index()["entries"])
+SNIPPET_ENTRY = "lsa-d10-c10"  # pairs layout; its sequence graph scores 10,000 tasks in well under a second
+
+
+def _snippet(card: str) -> str:
+    block = card.split("<!-- onnx-snippet -->")[1].split("<!-- /onnx-snippet -->")[0]
+    return block.split("```python\n")[1].split("```")[0]
+
+
+def test_card_onnx_snippet_reproduces_the_card_number(tmp_path):
+    from zoo.hub import dataset_folder
+
+    folder = release_dir() / SNIPPET_ENTRY
+    code = _snippet((folder / "README.md").read_text())
+    assert "zoo" not in code.replace("icl-zoo/", "").replace("icl_zoo.", ""), "the snippet must need no zoo code"
+    task = default_registry().entries[SNIPPET_ENTRY].task
+    call = f'load_dataset("icl-zoo/{task}", revision="{VERSION}", split="test")'
+    assert call in code  # pinned to the release's tag, the plain datasets call
+    data, _ = dataset_folder(task, tmp_path / task)  # the dataset repo's files, as `zoo hub serve` serves them
+    code = code.replace(call, f'load_dataset({str(data)!r}, split="test")')
+    env = {**os.environ, "HF_DATASETS_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    run = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    printed = float(run.stdout.strip().splitlines()[-1])
+    card_loss = json.loads((folder / "eval_results.json").read_text())["test_loss"]
+    assert abs(printed / card_loss - 1) < ONNX_TOLERANCE, (printed, card_loss)
+
+
+@pytest.mark.parametrize("name", RELEASED)
+def test_card_metadata_fits_each_entry(name):
+    entry = default_registry().entries[name]
+    spec = get_task_spec(entry.task)
+    card = ModelCard.load(release_dir() / name / "README.md")
+    data = card.data.to_dict()
+    assert "onnx" in data["tags"] and data["library_name"] == "icl-zoo"
+    results = data["model-index"][0]["results"]
+    for r in results:
+        assert r["dataset"]["revision"] == VERSION and r["dataset"]["type"] == f"icl-zoo/{entry.task}"
+        if getattr(spec, "target", None) == "sine":
+            assert "sine" in r["task"]["name"] and "linear" not in r["task"]["name"].lower()
+        elif getattr(spec, "kind", None) == "lsa_teacher":
+            assert r["task"]["type"] == "teacher-student-regression"
+        else:
+            assert r["task"]["name"] == "In-context linear regression"
+    assert data.get("base_model") == base_model(entry)
+    if name == "gd-ssm-nd-2layer-gd-init":  # trained from the two-step construction, released as its own entry
+        assert data["base_model"] == "icl-zoo/gd-ssm-gd-nd-2step"
+    if name == "gated-rnn-student-d4":  # a student: its teacher, realised as a released RNN
+        assert data["base_model"] == "icl-zoo/gated-rnn-teacher-d4"
+    if getattr(spec, "layout", None):  # how a dataset row becomes tokens, in words, with the read-out
+        text = card.text
+        assert f"the **{spec.layout}** layout" in text and "icl_zoo.readout" in text
+        if spec.layout == "pairs":
+            assert "**zeroed**" in text and "**minus**" in text
+
+
+@pytest.mark.parametrize("name", RELEASED)
+def test_config_holds_no_expected_values(name):
+    config = json.loads((release_dir() / name / "config.json").read_text())
+    assert "expected" not in config["entry"], "expected values and tolerances live in the registry (card, index)"
+
+
+def test_predict_has_no_autograd_graph():
+    ckpt = zoo.load(SNIPPET_ENTRY)
+    ckpt.model.train()
+    tokens = ckpt.task.sample(4, seed=0).tokens
+    pred = ckpt.predict(tokens)
+    assert pred.shape == (4, 1) and not pred.requires_grad and pred.grad_fn is None
+    assert not ckpt.model.training  # eval mode
+    assert torch.equal(ckpt.predict(tokens.numpy()), pred)  # an array works too
+    assert ckpt.model.predict(tokens).grad_fn is not None  # the module itself stays differentiable
+
+
+def test_from_pretrained_gives_the_plain_module():
+    from zoo.checkpoint import Checkpoint
+
+    model = zoo.from_pretrained(SNIPPET_ENTRY)
+    assert isinstance(model, torch.nn.Module) and not model.training
+    ckpt = Checkpoint.from_pretrained(str(release_dir() / SNIPPET_ENTRY))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), ckpt.model.state_dict().values()))
+
+
+def test_checkpoint_save_writes_no_card_the_builder_does(tmp_path):
+    from zoo.builder import save
+
+    ckpt = zoo.load("lsa-gd-zucchet-icl")
+    ckpt.save_files(tmp_path / "plain")
+    assert not (tmp_path / "plain" / "README.md").exists()
+    out = save(ckpt, tmp_path / "full")
+    assert "<!-- icl-zoo model card" in (out / "README.md").read_text()
+    assert zoo.load(out).metrics == ckpt.metrics

@@ -1,0 +1,151 @@
+"""The command line meets a person halfway (issue 40, item 7):
+
+| what a person does | what they get | test |
+|---|---|---|
+| mistypes a repo id (the hub answers 401/404, or cannot be reached) | the released entries it is close to | test_mistyped_repo_id_gets_suggestions_* |
+| names a folder that does not exist | "no such folder", not a Hub error | test_missing_folder_is_said_plainly |
+| `zoo list` on an 80-column terminal | every name whole, no line over 80 | test_list_fits_80_columns |
+| `zoo list | …` | plain TSV, one header line; `--json` | test_list_piped_is_tsv_and_json |
+| `zoo show` | θ, η as they are, not \\u escapes | test_show_prints_unicode |
+| `zoo --version` | the version | test_version |
+| a sweep; `zoo release build --workers N` | a line per finished run (step, loss); a line per entry started | test_sweep_prints_each_run, test_release_workers_announce_each_entry |
+"""
+
+from __future__ import annotations
+
+import http.server
+import io
+import json
+import threading
+
+import pytest
+
+from zoo import cli
+from zoo.registry import list_entries
+from zoo.version import __version__
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"icl-zoo {__version__}"
+
+
+def test_list_piped_is_tsv_and_json(capsys):
+    assert cli.main(["list"]) == 0  # captured: not a terminal
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "name\tarch\tsource\ttask\treproduces"
+    rows = [line.split("\t") for line in lines[1:]]
+    assert [r[0] for r in rows] == [e.name for e in list_entries()] and all(len(r) == 5 for r in rows)
+    assert cli.main(["list", "lsa", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed and all("lsa" in e["name"] and set(e) == {"name", "arch", "source", "task", "paper"} for e in listed)
+
+
+@pytest.mark.parametrize("width", [80, 100, 160])
+def test_list_fits_80_columns(width):
+    from rich.console import Console
+
+    out = io.StringIO()
+    console = Console(file=out, width=width, force_terminal=True, color_system=None)
+    entries = list_entries()
+    cli.list_table(entries, console)
+    lines = out.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= width
+    text = out.getvalue()
+    assert all(e.name in text for e in entries)  # every name whole, never cut
+    assert "…" not in "".join(line for line in lines if any(e.name in line for e in entries)).split("reproduces")[0] or width >= cli.WIDE
+
+
+def test_show_prints_unicode(capsys):
+    assert cli.main(["show", "lsa-d10-c10"]) == 0
+    out = capsys.readouterr().out
+    assert "θ_GD" in out and "\\u03b8" not in out
+    assert json.loads(out)["entry"]["name"] == "lsa-d10-c10"
+
+
+def test_missing_folder_is_said_plainly(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for argv in (["export", str(tmp_path / "nope")], ["eval", "./nope"], ["pull", str(tmp_path / "a" / "b")]):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "no such folder" in err and "Hub" not in err and "401" not in err, (argv, err)
+
+
+class _Unauthorized(http.server.BaseHTTPRequestHandler):
+    """What the Hub answers an anonymous reader for a repo that does not exist: 401."""
+
+    def _answer(self):
+        body = b'{"error": "Repository not found"}'
+        self.send_response(401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("X-Error-Code", "RepositoryNotFound")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_GET = do_HEAD = do_POST = _answer
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def hub_401():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Unauthorized)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_mistyped_repo_id_gets_suggestions_from_a_hub(hub_401, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    for argv in (["pull", "icl-zoo/lsa-d10-c1", "--endpoint", hub_401],
+                 ["export", "icl-zoo/gated-rnn-zucchet-ic", "--endpoint", hub_401]):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert "no such repo" in err and "401" not in err, err
+        assert ("icl-zoo/lsa-d10-c10" if "lsa" in argv[1] else "icl-zoo/gated-rnn-zucchet-icl") in err.split("did you mean")[1]
+
+
+def test_mistyped_repo_id_gets_suggestions_offline(capsys, tmp_path, monkeypatch):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on: the hub cannot be reached
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    assert cli.main(["pull", "icl-zoo/lsa-d10-c1", "--endpoint", f"http://127.0.0.1:{port}"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be reached" in err and "icl-zoo/lsa-d10-c10" in err, err
+
+
+def test_sweep_prints_each_run(tmp_path, capsys, monkeypatch):
+    from zoo import sweep
+
+    spec = sweep.SweepSpec.model_validate({"name": "t", "entries": ["lsa-d10-c10"], "seeds": [0, 1], "steps": 3})
+    seen = []
+
+    def fake_group(runs, out_dir, steps, device, threads=None, compiled=False, track_alignment=False, progress=False):
+        seen.append(progress)
+        return [{"run": r.name, "entry": r.entry, "seed": r.seed, "status": "built", "steps": 3, "test_loss": 0.5,
+                 "gd_loss": 0.25} for r in runs]
+
+    monkeypatch.setattr(sweep, "run_group", fake_group)
+    rows = sweep.run_sweep(spec, tmp_path / "sweep")
+    err = capsys.readouterr().err
+    assert seen and all(seen)  # each run's training shows its step bar with the loss
+    for row in rows:
+        assert f"{row['run']}: built, 3 steps, test loss 0.5 (GD 0.25)" in err
+
+
+def test_release_workers_announce_each_entry(tmp_path, capsys, monkeypatch):
+    from zoo import release
+
+    monkeypatch.setattr(release, "build_entry", lambda name, root, **kw: {"entry": name})
+    assert release.build_entry_announced("lsa-d10-c10", tmp_path) == {"entry": "lsa-d10-c10"}
+    out = capsys.readouterr().out
+    assert "started lsa-d10-c10 (20,000 recipe steps; worker pid" in out
