@@ -8,11 +8,17 @@ import onnx
 import pytest
 import torch
 
-from zoo.export.onnx_export import export_chunk, export_sequence, export_step
-from zoo.export.streaming import StreamError, StreamingSession
-from zoo.export.streaming import CHUNK, PARALLEL_MAX_BATCH, PARALLEL_TOKENS
-from zoo.export.token_io import read_tokens
 from zoo.constructions import construct
+from zoo.export.onnx_export import export_chunk, export_sequence, export_step
+from zoo.export.streaming import (
+    CHUNK,
+    CHUNK_GRAPHS,
+    PARALLEL_MAX_BATCH,
+    PARALLEL_TOKENS,
+    StreamError,
+    StreamingSession,
+)
+from zoo.export.token_io import read_tokens
 from zoo.models import create_model
 from zoo.registry import get_task_spec, list_entries
 
@@ -263,29 +269,39 @@ CHUNK_CASES = [
 
 @pytest.mark.parametrize("entry, length", CHUNK_CASES)
 def test_chunked_stream_at_10k_tokens_equals_step_graph_and_torch(entry, length, tmp_path):
-    """push(B, T, d) runs the chunk graph (model_chunk.onnx: the parallel scan continued from the
-    state, or the scanned step graph for LSTM/GRU) on pieces of at most its valid length, carrying
-    the state between pieces and calls: at T = 10,000 (≫ the chunk, pushed in uneven pieces) it
-    equals the token-at-a-time step graph and the float64 torch forward."""
+    """push(B, T, d) runs a chunk graph (model_chunk.onnx: the parallel scan continued from the
+    state, or the scanned step graph for LSTM/GRU; the step graph scanned in memory; the hoisted step
+    graph) on pieces of at most its run length, carrying the state between pieces and calls: at
+    T = 10,000 (≫ the chunk, pushed in uneven pieces) each of them equals the token-at-a-time step
+    graph and the float64 torch forward."""
     model, task = model_for(entry)
     export_step(model, tmp_path / "model_step.onnx", entry_name=entry.name)
     export_chunk(model, tmp_path / "model_chunk.onnx", entry_name=entry.name)
     tokens, ref = stream_tokens(model, task, length, batch=2)
     session = StreamingSession(tmp_path / "model_step.onnx", chunk=tmp_path / "model_chunk.onnx")
     session.reset(2)
-    piece = session._chunk_graph()[1]
-    assert piece == min(model.chunk_len if model.dynamic_time else CHUNK, PARALLEL_TOKENS // 2)
-    cuts = [0, 1, piece + 5, piece + 6, 3 * piece + 7, length]  # uneven pieces across chunk boundaries
-    chunked = np.concatenate([session.push(tokens[:, a:b].numpy()) for a, b in zip(cuts, cuts[1:])], axis=1)
-    session.reset(2)
     stepped = np.stack([session.push(tokens[:, t].numpy()) for t in range(length)], axis=1)
-    np.testing.assert_allclose(chunked, stepped, rtol=0, atol=1e-5 * max(1.0, np.abs(stepped).max()))
-    assert_parity(chunked, ref)
+    tried = []
+    for kind in CHUNK_GRAPHS:
+        session = StreamingSession(tmp_path / "model_step.onnx", chunk=tmp_path / "model_chunk.onnx", graphs=(kind,))
+        session.reset(2)
+        if not session.candidates():
+            continue  # a step graph the hoisted form does not split
+        piece = min(p for k, p in session.candidates())
+        session._choice[2] = (kind, piece)  # each run length is one the probe may pick
+        if kind == "parallel":
+            assert piece == min(model.chunk_len if model.dynamic_time else CHUNK, PARALLEL_TOKENS // 2)
+        cuts = sorted({min(c, length) for c in (0, 1, piece + 5, piece + 6, 3 * piece + 7, length)})  # uneven pieces
+        chunked = np.concatenate([session.push(tokens[:, a:b].numpy()) for a, b in zip(cuts, cuts[1:])], axis=1)
+        np.testing.assert_allclose(chunked, stepped, rtol=0, atol=1e-5 * max(1.0, np.abs(stepped).max()), err_msg=kind)
+        assert_parity(chunked, ref)
+        tried.append(kind)
+    assert {"parallel", "scan"} <= set(tried)
 
 
-def test_many_streams_run_the_scanned_step_graph(tmp_path):
-    """Past PARALLEL_MAX_BATCH streams the session scans the step graph over time (faster there):
-    the same outputs as the parallel chunk graph and the step graph."""
+def test_many_streams_take_the_graph_measured_fastest(tmp_path):
+    """At 9 streams the session probes each chunk graph (parallel, scanned, hoisted) once and runs
+    the fastest: the same outputs as the float64 reference whichever it is."""
     entry = next(e for e in RECURRENT if e.name == "gated-rnn-gd-zucchet-icl")
     model, task = model_for(entry)
     export_step(model, tmp_path / "model_step.onnx", entry_name=entry.name)
@@ -294,9 +310,10 @@ def test_many_streams_run_the_scanned_step_graph(tmp_path):
     tokens, ref = stream_tokens(model, task, 3000, batch=batch)
     session = StreamingSession(tmp_path / "model_step.onnx", chunk=tmp_path / "model_chunk.onnx")
     session.reset(batch)
-    assert session._chunk_graph()[1] == CHUNK  # the scanned graph: 1,024-token runs
     assert_parity(session.push(tokens.numpy()), ref)
-    assert set(session._chunk_sessions) == {"scan"}
+    assert set(session.probes[batch]) == set(session.candidates())
+    assert {k for k, _ in session.candidates()} == set(CHUNK_GRAPHS)
+    assert session._choose() == max(session.probes[batch], key=session.probes[batch].get)
 
 
 @pytest.mark.parametrize("name", ["gated-rnn-gd-zucchet-icl", "lsa-gd-zucchet-icl"])

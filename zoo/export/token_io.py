@@ -31,8 +31,8 @@ from typing import TextIO
 
 import numpy as np
 
-CHUNK = 1000  # tokens per push when reading .npy files
-CHUNK_VALUES = 1 << 22  # most values per push from a .npy file (16 MiB of float32): many streams get fewer tokens
+CHUNK = 1 << 16  # most tokens per stream per push when reading .npy files (the session cuts them into its own runs)
+CHUNK_VALUES = 1 << 20  # most values per push from a .npy file (4 MiB of float32): many streams get fewer tokens
 # A text token is d_in numbers; no number needs more than MAX_VALUE_CHARS characters ("-1.2345678901234567e-308"
 # takes 24), so a line longer than max_line_chars(d_in) is refused before the rest of it is read.
 MAX_VALUE_CHARS = 64
@@ -167,7 +167,9 @@ def iter_lines(lines, source: str, *, d_in: int | None, nan: str = "refuse") -> 
 
 
 def iter_array_chunks(source: str, *, d_in: int, nan: str = "refuse") -> tuple[tuple[int, int, int], Iterator[np.ndarray]]:
-    """(shape (B, T, d_in), chunks (B, ≤CHUNK, d_in)) of a .npy file, memory-mapped: constant memory at any length."""
+    """(shape (B, T, d_in), chunks (B, ≤CHUNK, d_in)) of a .npy file, memory-mapped: constant memory at any length.
+    Each chunk is a view of one float32 buffer refilled for the next: use it (or copy it) before
+    asking for the next one."""
     try:
         arr = np.load(source, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError) as e:
@@ -181,8 +183,11 @@ def iter_array_chunks(source: str, *, d_in: int, nan: str = "refuse") -> tuple[t
     step = max(1, min(CHUNK, CHUNK_VALUES // max(1, arr.shape[0] * d_in)))  # many streams: fewer tokens per push
 
     def chunks():
+        buffer = np.empty((arr.shape[0], step, d_in), np.float32)  # one buffer, refilled: no allocation per push
         for start in range(0, arr.shape[1], step):
-            chunk = np.asarray(arr[:, start : start + step], dtype=np.float32)
+            n = min(step, arr.shape[1] - start)
+            chunk = buffer[:, :n]
+            chunk[...] = arr[:, start : start + n]  # read (and cast) from the memory map into the buffer
             if nan == "refuse" and not np.isfinite(chunk).all():
                 t = start + int(np.argwhere(~np.isfinite(chunk))[0][1])
                 raise TokenError(f"{source}: non-finite value at token {t}; pass --nan pass to feed it anyway")
