@@ -9,8 +9,9 @@ Each family is measured on one trained registry entry (the first of its arch typ
 
     plain      `zoo.train.train` on one model in the forms the zoo trained with before its
                speed-ups: the prediction read from the full forward pass (`readout(model(tokens))`,
-               none of the read-out shortcuts some families' `predict` takes) and every scan in
-               the doubling form (`scan(parallel=True)`); the baseline every ratio is against
+               none of the read-out shortcuts some families' `predict` takes), every scan in
+               the doubling form (`scan(parallel=True)`) and GRU layers in torch's fused kernel
+               (not `GRUSequence`); the baseline every ratio is against
     eager      the same with the family's `predict` and `scan`'s choice of form
     compiled   the same with compiled=True (torch.compile of forward + backward and of the
                clipped AdamW update; `zoo release build` trains this way)
@@ -42,7 +43,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import zoo
 from zoo.ensemble import train_ensemble
-from zoo.models import create_model
+from zoo.models import classic_rnn, create_model
 from zoo.models import scan as scan_module
 from zoo.registry import get_entry, get_task_spec
 from zoo.train import train
@@ -101,13 +102,17 @@ def flops_per_model_step(model, task, batch: int, device) -> float:
 
 @contextlib.contextmanager
 def doubling_scans():
-    """Every `scan` in the doubling form while inside (what it ran before it chose by length and width)."""
+    """Every `scan` in the doubling form while inside (what it ran before it chose by length and width),
+    and GRU layers trained through torch's fused kernel (before `classic_rnn.GRUSequence`)."""
     short, wide = scan_module.SHORT_SCAN_LEN, scan_module.WIDE_SCAN_CHANNELS
+    written_out = classic_rnn.WRITTEN_OUT_GRU_TRAINS
     scan_module.SHORT_SCAN_LEN, scan_module.WIDE_SCAN_CHANNELS = 0, float("inf")
+    classic_rnn.WRITTEN_OUT_GRU_TRAINS = False
     try:
         yield
     finally:
         scan_module.SHORT_SCAN_LEN, scan_module.WIDE_SCAN_CHANNELS = short, wide
+        classic_rnn.WRITTEN_OUT_GRU_TRAINS = written_out
 
 
 def family_entries(families: list[str] | None) -> dict[str, str]:

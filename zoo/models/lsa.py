@@ -140,6 +140,32 @@ class LinearSelfAttention(ZooModel):
             new_state.append(kv)
         return self._out(e), tuple(new_state)
 
+    def predict(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The read-out. With one query position, the last applied layer runs at that position only,
+        and forms no token's key or value: its query q reads the keys and values through two sums,
+
+            Σ_s (k_s·q) v_s = W_V Σ_s (e_sᵀ W_Kᵀ q) e_s   (s over the query's key set),
+
+        B·d² FLOPs for W_Kᵀ q and for W_V's product instead of B·T·d² each, and no (T, T) scores.
+        The layers before it run in full (the last one reads every token they output)."""
+        position = self.readout.position
+        if position is None:
+            return super().predict(tokens)
+        e = self._in(tokens)  # (B, T, d)
+        T = e.shape[1]
+        mask = self._mask(T, e)
+        layers = list(self._applied_layers())
+        for layer in layers[:-1]:
+            update = self.damping * layer.attend(e, mask, None)[0]
+            e = e + update if self.residual else update
+        last, query = layers[-1], position % T
+        e_q = e[:, query]  # (B, d)
+        u = (e_q @ last.w_q.T) @ last.w_k  # W_Kᵀ q (B, d)
+        scores = (e @ u.unsqueeze(2)).squeeze(2) * mask[query]  # (B, T): k_s·q on the query's key set
+        read = (scores.unsqueeze(1) @ e).squeeze(1) @ last.w_v.T  # Σ_s (k_s·q) v_s  (B, d)
+        update = self.damping * (read @ last.w_p.T)
+        return self.readout.channels(self._out(e_q + update if self.residual else update))  # (B, d_y)
+
     def instantaneous(self, x: torch.Tensor) -> torch.Tensor:
         """The layer's polynomial kernel W_P (W_V x)(W_K x)ᵀ(W_Q x) for single tokens x (…, d)."""
         if len(self.layers) != 1 or self.loops != 1 or self.constant:
