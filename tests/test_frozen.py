@@ -153,6 +153,6 @@ def test_frozen_knows_no_registry():
     nodes = list(ast.walk(ast.parse(inspect.getsource(frozen))))  # in-function imports included
     imported = {n.module for n in nodes if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in nodes if isinstance(n, ast.Import) for a in n.names}
-    assert {m for m in imported if m and m.startswith("zoo")} == {"zoo.names", "zoo.tasks.regression"}
+    assert {m for m in imported if m and m.startswith("zoo")} == {"zoo.locate", "zoo.names", "zoo.tasks.regression"}
     with pytest.raises(TypeError, match="spec"):
         frozen.load_split("zucchet-icl", "test")  # a name alone is not enough
