@@ -127,7 +127,10 @@ def test_an_interrupted_stream_leaves_no_file_and_existing_ones_untouched(tmp_pa
     (tmp_path / "state.npz").write_bytes(b"previous state")
     proc = subprocess.Popen([*ZOO, "stream", str(RELEASED), "--input", "-", "--output", str(tmp_path / "out.csv"),
                              "--state-out", str(tmp_path / "state.npz")],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # as from a terminal: a test before this one in the same worker (Ray's driver) may have
+                            # left SIGINT ignored, which a child inherits, and then Ctrl-C would not reach it
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         proc.stdin.write("[1, 0, 0, 1, 0, 0]\n" * 50)
         proc.stdin.flush()
@@ -137,7 +140,7 @@ def test_an_interrupted_stream_leaves_no_file_and_existing_ones_untouched(tmp_pa
             time.sleep(0.05)
         time.sleep(0.3)
         proc.send_signal(sig)
-        assert proc.wait(timeout=120) == code, proc.stderr.read()  # a loaded CI machine may still be opening graphs
+        assert proc.wait(timeout=60) == code, proc.stderr.read()
     finally:
         proc.kill()
         proc.wait()
