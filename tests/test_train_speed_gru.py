@@ -12,6 +12,8 @@ from zoo.models.classic_rnn import GRU_PARAMETERS, GRULayer, GRUSequence, gru_se
 from zoo.registry import get_entry, get_task_spec
 from zoo.train import train
 
+from same_training import assert_trains_the_same, losses_and_weights
+
 
 def assert_close_to_scale(got, expected, tol):
     """max |got − expected| ≤ tol · max |expected|: rounding relative to the tensor's scale (an element
@@ -160,12 +162,5 @@ def test_gru_training_losses_equal_the_fused_kernels(name, tmp_path):
                            compiled=mode == "compiled")
         finally:
             classic_rnn.WRITTEN_OUT_GRU_TRAINS = previous
-        losses = torch.tensor([r["train_loss"] for r in result.history], dtype=torch.float64)
-        results[mode] = (losses, [p.detach().clone() for p in model.parameters()])
-    fused_losses, fused_weights = results["fused"]
-    assert fused_losses[-1] < 0.99 * fused_losses[0]  # it trained
-    for mode in ("eager", "compiled"):
-        losses, weights = results[mode]
-        torch.testing.assert_close(losses, fused_losses, rtol=1e-4, atol=0)
-        for w, f in zip(weights, fused_weights):
-            torch.testing.assert_close(w, f, rtol=1e-4, atol=1e-5)
+        results[mode] = losses_and_weights(result, model)
+    assert_trains_the_same(results, "fused", ("eager", "compiled"), weight_atol=1e-5)

@@ -13,6 +13,8 @@ from zoo.registry import get_entry, get_task_spec
 from zoo.tasks.regression import Readout
 from zoo.train import train
 
+from same_training import assert_trains_the_same, losses_and_weights
+
 
 def assert_close_to_scale(got, expected, tol):
     """max |got − expected| ≤ tol · max |expected|: rounding relative to the tensor's scale (an element
@@ -71,12 +73,5 @@ def test_lsa_training_losses_equal_the_full_forward_read_out(name, tmp_path):
             model.predict = lambda tokens, model=model: model.readout(model(tokens))
         result = train(model, task, run, run_dir=tmp_path / mode, steps=100, device="cpu", progress=False,
                        compiled=mode == "compiled")
-        losses = torch.tensor([r["train_loss"] for r in result.history], dtype=torch.float64)
-        results[mode] = (losses, [p.detach().clone() for p in model.parameters()])
-    plain_losses, plain_weights = results["plain"]
-    assert plain_losses[-1] < 0.99 * plain_losses[0]  # it trained
-    for mode in ("eager", "compiled"):
-        losses, weights = results[mode]
-        torch.testing.assert_close(losses, plain_losses, rtol=1e-4, atol=0)
-        for w, p in zip(weights, plain_weights):
-            torch.testing.assert_close(w, p, rtol=1e-4, atol=1e-4)
+        results[mode] = losses_and_weights(result, model)
+    assert_trains_the_same(results, "plain", ("eager", "compiled"), weight_atol=1e-4)
