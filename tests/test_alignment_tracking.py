@@ -49,8 +49,9 @@ def test_probe_of_the_gd_construction_is_exact_and_of_a_zero_model_is_gds_own_si
 
 def test_tracking_leaves_training_unchanged_and_records_the_model_at_each_eval(tmp_path):
     entry = with_overrides(get_entry("lsa-d10-c10"), SHORT)
-    plain = build(entry, tmp_path / "plain", steps=30, device="cpu", progress=False)
-    tracked = build(entry, tmp_path / "tracked", steps=30, device="cpu", progress=False, track_alignment=True)
+    plain = build(entry, tmp_path / "plain", steps=30, device="cpu", progress=False, graphs=False)
+    tracked = build(entry, tmp_path / "tracked", steps=30, device="cpu", progress=False, track_alignment=True,
+                    graphs=False)
     for a, b in zip(plain.model.parameters(), tracked.model.parameters()):
         assert torch.equal(a, b)  # the probe draws no training data and touches no weight
     assert [h["train_loss"] for h in plain.history] == [h["train_loss"] for h in tracked.history]
@@ -72,8 +73,9 @@ def test_an_ensemble_records_each_members_own_curve(tmp_path):
     entry = with_overrides(get_entry("lsa-d10-c10"), SHORT)
     seeds = [0, 1]
     members = build_ensemble(entry, seeds, [tmp_path / f"m{s}" for s in seeds], run_dir=tmp_path / "ens", steps=20,
-                             device="cpu", progress=False, track_alignment=True)
-    solo = build(entry, tmp_path / "solo1", steps=20, seed=1, device="cpu", progress=False, track_alignment=True)
+                             device="cpu", progress=False, track_alignment=True, graphs=False)
+    solo = build(entry, tmp_path / "solo1", steps=20, seed=1, device="cpu", progress=False, track_alignment=True,
+                 graphs=False)
     for row, solo_row in zip(members[1].history, solo.history):
         assert all(isinstance(row[k], float) for k in KEYS)
         assert {k: row[k] for k in KEYS} == pytest.approx({k: solo_row[k] for k in KEYS}, rel=1e-3)

@@ -3,6 +3,7 @@
 | promise | checked by |
 |---|---|
 | the datasets + onnxruntime snippet runs as printed (no zoo code) and prints the card's test loss | test_card_onnx_snippet_reproduces_the_card_number |
+| every ONNX graph's metadata states the token layout (`icl_zoo.tokens`, the task's) and its description says it | test_graphs_state_the_token_layout |
 | metadata: tag `onnx`, the task's type and name, the dataset revision pinned, `base_model` for students and construction-initialised entries | test_card_metadata_fits_each_entry |
 | config.json holds no second copy of the expected values and tolerances (the registry's, on the card) | test_config_holds_no_expected_values |
 | `ckpt.predict` gives tensors without grad in eval mode; `zoo.from_pretrained` the plain module | test_predict_has_no_autograd_graph, test_from_pretrained_gives_the_plain_module |
@@ -79,6 +80,21 @@ def test_card_metadata_fits_each_entry(name):
         assert f"the **{spec.layout}** layout" in text and "icl_zoo.readout" in text
         if spec.layout == "pairs":
             assert "**zeroed**" in text and "**minus**" in text
+
+
+@pytest.mark.parametrize("name", RELEASED)
+def test_graphs_state_the_token_layout(name):
+    import onnx
+
+    layout = get_task_spec(default_registry().entries[name].task).build().token_layout  # what tests/test_tasks.py checks against the tokens
+    graphs = sorted((release_dir() / name).glob("*.onnx"))
+    assert graphs
+    for path in graphs:
+        m = onnx.load(str(path), load_external_data=False)
+        meta = {p.key: p.value for p in m.metadata_props}
+        assert len(meta) == len(m.metadata_props), f"{path.name}: a metadata key twice"
+        assert json.loads(meta["icl_zoo.tokens"]) == layout, path.name
+        assert layout["rule"] in m.doc_string and "Tokens from a dataset row" in m.doc_string
 
 
 @pytest.mark.parametrize("name", RELEASED)

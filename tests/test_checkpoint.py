@@ -144,7 +144,12 @@ def test_save_checkpoint_writes_exactly_the_released_files(tmp_path, monkeypatch
     monkeypatch.delenv("HF_ENDPOINT", raising=False)
     name = "gated-rnn-zucchet-icl"  # recurrent: model.onnx, model_step.onnx and model_chunk.onnx
     ckpt = zoo.load(name)
-    out = save_checkpoint(ckpt, tmp_path / name)
+    out = save_checkpoint(ckpt, tmp_path / name, graphs=False)  # `zoo build --no-graphs`: no graph, none listed
+    assert not list(out.glob("*.onnx")) and not set(GRAPH_FILES) & set(verify_files(out).config["files"])
+    assert "StreamingSession" not in (out / "README.md").read_text()
+    from zoo.cli import main
+
+    assert main(["export", str(out)]) == 0  # adds them in place: then the released folder, file for file
     released = sorted(p.name for p in (release_dir() / name).iterdir())
     assert sorted(p.name for p in out.iterdir()) == released
     files = verify_files(out).config["files"]

@@ -297,17 +297,18 @@ def test_every_arch_type_has_a_toy_entry():
 
 @pytest.mark.parametrize("name", TOY_ENTRIES)
 def test_every_family_trains_saves_and_reloads_at_toy_size(name, tmp_path):
-    """Three optimiser steps through the real `build` path: training, evaluation, ONNX,
-    model card; then a strict, hash-checked reload gives the same predictions. One entry per arch
-    type, picked by `_toy_entries`."""
+    """Three optimiser steps through the real `build` path: training, evaluation, model card; then a
+    strict, hash-checked reload gives the same predictions. One entry per arch type, picked by
+    `_toy_entries`. Without ONNX graphs (`graphs=False`: the export was ~90% of this test's time):
+    every arch's graphs are exported and checked against torch in test_export.py and
+    test_recurrence.py, and `build`'s graph writing in test_checkpoint.py and the release tests."""
     import zoo
 
-    ckpt = zoo.build(name, tmp_path, steps=3, progress=False, overrides={"source.batch_size": 8})
+    ckpt = zoo.build(name, tmp_path, steps=3, progress=False, overrides={"source.batch_size": 8}, graphs=False)
     assert ckpt.provenance["steps"] == 3 and len(ckpt.history) == 1
     scored = ("test_loss", "gd_loss", "sensitivity_cosine") if ckpt.task_spec.kind == "linear_regression" else ("test_loss",)
     assert all(math.isfinite(ckpt.metrics[k]) for k in scored)  # (a teacher task has no GD to compare with)
-    assert (tmp_path / "model.onnx").exists() and (tmp_path / "README.md").exists()
-    assert (tmp_path / "model_step.onnx").exists() == ckpt.model.recurrent
+    assert (tmp_path / "README.md").exists() and not list(tmp_path.glob("*.onnx"))
     again = zoo.load(str(tmp_path))
     tokens = again.task.sample(4, seed=0).tokens
     with torch.no_grad():

@@ -119,7 +119,7 @@ def test_built_entry_reports_loss_against_position(tmp_path):
     from zoo.report import collect, write_report
 
     folder = tmp_path / "hebbian"
-    zoo.build("fast-weight-hebbian-gd-triples", folder, progress=False)
+    zoo.build("fast-weight-hebbian-gd-triples", folder, progress=False, graphs=False)
     metrics = json.loads((folder / "eval_results.json").read_text())
     curves = ("position_loss", "position_gd_loss", "position_gd_fixed_loss", "position_online_gd_loss", "position_lstsq_loss")
     assert all(len(metrics[k]) == TASK.n_context for k in curves)

@@ -35,6 +35,19 @@ def test_parquet_has_explicit_array2d_features_and_round_trips(tmp_path):
     assert content_hash(x2, y2) == digest
 
 
+@pytest.mark.parametrize("shapes", [((40, 11, 5), (40, 11, 3)), ((7, 33, 6), (7, 33, 6)), ((1, 2, 1), (1, 2, 1))])
+def test_save_split_writes_the_bytes_datasets_writes(shapes, tmp_path):
+    """The columnar writer is a fast path of `Dataset.from_dict` (the reference): the same parquet bytes."""
+    from datasets import Array2D, Dataset, Features
+
+    rng = np.random.default_rng(0)
+    x, y = (rng.standard_normal(s).astype("<f4") for s in shapes)
+    features = Features({k: Array2D(shape=a.shape[1:], dtype="float32") for k, a in (("x", x), ("y", y))})
+    Dataset.from_dict({"x": x, "y": y}, features=features).to_parquet(str(tmp_path / "reference.parquet"))
+    save_split(x, y, tmp_path / "fast")
+    assert (tmp_path / "fast" / "data.parquet").read_bytes() == (tmp_path / "reference.parquet").read_bytes()
+
+
 def test_hash_sees_one_flipped_bit():
     x = np.zeros((2, 3, 4), np.float32)
     y = np.zeros((2, 3, 1), np.float32)

@@ -24,7 +24,7 @@ from huggingface_hub import (
     hf_hub_url,
     snapshot_download,
 )
-from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
+from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, RevisionNotFoundError
 
 from zoo import hub
 
@@ -317,6 +317,13 @@ def _repo_exists(h):
     assert not api.repo_exists("icl-zoo/no-such-entry") and not api.repo_exists(ORG_ENTRY, repo_type="dataset")
     assert api.revision_exists(ORG_ENTRY, h.version) and api.revision_exists(ORG_ENTRY, h.tagged)
     assert not api.revision_exists(ORG_ENTRY, "v9.9.9") and not api.revision_exists(ORG_ENTRY, "0" * 40)
+    # full ref names resolve; a name with '/' the repo does not hold is RevisionNotFound, not a bad path
+    assert api.model_info(ORG_ENTRY, revision=f"refs/tags/{h.version}").sha == h.tagged
+    assert api.model_info(ORG_ENTRY, revision="refs/heads/main").sha == h.main
+    for missing in ("refs/pr/1", "refs/convert/parquet", "refs/heads/no-such-branch"):
+        assert not api.revision_exists(ORG_ENTRY, missing)
+        with pytest.raises(RevisionNotFoundError):
+            hf_hub_download(ORG_ENTRY, "config.json", revision=missing, endpoint=h.endpoint, cache_dir=h.tmp / "hf-cache")
     assert api.file_exists(ORG_ENTRY, "NOTES.md") and not api.file_exists(ORG_ENTRY, "NOTES.md", revision=h.version)
 
 

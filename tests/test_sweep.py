@@ -15,7 +15,8 @@ name = "tiny"
 entries = ["gated-rnn-zucchet-icl", "lsa-gd-zucchet-icl"]
 seeds = [0, 1]
 steps = 3
-"""
+graphs = false
+"""  # no ONNX export per run: sweeps are about results (the graphs: test_export.py, test_checkpoint.py)
 
 
 @pytest.mark.parametrize("spec_file", sorted((Path(__file__).parents[1] / "sweeps").glob("*.toml")), ids=lambda p: p.stem)
@@ -64,9 +65,9 @@ def test_local_sweep_runs_resumes_and_reports(tmp_path):
     assert [r["test_loss"] for r in again] == [r["test_loss"] for r in rows]
     table = json.loads((tmp_path / "out" / "results.json").read_text())
     assert len(table) == 3 and (tmp_path / "out" / "results.md").read_text().startswith("| run |")
-    # every run is an ordinary checkpoint
+    # every run is an ordinary checkpoint, here without graphs (`graphs = false`)
     ckpt = zoo.load(str(tmp_path / "out" / "gated-rnn-zucchet-icl--seed1"))
-    assert ckpt.provenance["seed"] == 1
+    assert ckpt.provenance["seed"] == 1 and not list((tmp_path / "out").glob("*/*.onnx"))
     report_rows = collect([tmp_path / "out"])
     md, raw, png, *more = write_report(report_rows, tmp_path / "report")
     assert [f.name for f in more] == ["report-zucchet-icl-training.png"]  # the trained runs' validation curves

@@ -69,3 +69,42 @@ def test_least_squares_is_exact_without_noise_and_min_norm_when_underdetermined(
     under = LinearRegressionTask(d_x=8, d_y=1, n_context=3)
     b = under.sample(64, seed=1, dtype=torch.float64)
     assert over.loss(least_squares_predict(b), b.targets) > 1e-3
+
+
+def _tokens_by_the_written_rule(layout: dict, x, y):
+    """What a reader of `token_layout["rule"]` (in every ONNX graph's metadata) would write, in numpy."""
+    import numpy as np
+
+    c = layout["row"]["x"][0] - 1
+    if layout["layout"] == "sequence":
+        return x
+    if layout["layout"] == "pairs":
+        return np.concatenate([x, np.concatenate([y[:, :c], np.zeros_like(y[:, c:])], 1)], -1)
+    if layout["layout"] == "interleaved":
+        n, dx, dy = x.shape[0], x.shape[-1], y.shape[-1]
+        out = np.zeros((n, 2 * c + 1, dx + dy), x.dtype)
+        out[:, 0:2 * c:2, :dx], out[:, 1:2 * c:2, dx:], out[:, 2 * c, :dx] = x[:, :c], y[:, :c], x[:, c]
+        return out
+    if layout["layout"] == "products":
+        return np.concatenate([x[:, :c] * y[:, :c], x[:, 1:]], -1)
+    return np.concatenate([x[:, :c], y[:, :c], x[:, 1:]], -1)  # triples
+
+
+@pytest.mark.parametrize("layout", ["pairs", "interleaved", "products", "triples", "teacher"])
+def test_token_layout_states_how_a_row_becomes_tokens(layout):
+    """The layout a graph's metadata states is the one the zoo scores with: tokens built from the stated
+    rule equal `batch_from_arrays`, the shapes are the stated ones, and the query's y never reaches them."""
+    from zoo.tasks.teacher import LSATeacherTask
+
+    task = (LSATeacherTask(d=3, seq_len=5) if layout == "teacher" else
+            LinearRegressionTask(d_x=2, d_y=1 if layout == "products" else 2, n_context=4, layout=layout))
+    batch = task.sample(3, seed=0, dtype=torch.float64)
+    stated = task.token_layout
+    x, y = batch.x.numpy(), batch.y.numpy()
+    assert [list(x.shape[1:]), list(y.shape[1:])] == [stated["row"]["x"], stated["row"]["y"]]
+    assert list(batch.tokens.shape[1:]) == stated["tokens"] == [task.n_tokens, task.token_dim]
+    assert torch.equal(batch.tokens, torch.from_numpy(_tokens_by_the_written_rule(stated, x, y)))
+    if layout != "teacher":
+        moved = y.copy()
+        moved[:, -1] += 1.0  # the query's y
+        assert torch.equal(task.batch_from_arrays(batch.x, torch.from_numpy(moved)).tokens, batch.tokens)

@@ -216,7 +216,7 @@ def test_nan_weights_after_the_last_step_are_caught(tmp_path, monkeypatch):
 
 def test_frozen_infinite_construction_parameters_are_not_divergence(tmp_path):
     """gd-ssm-sine-gd-mlp starts from the GD-SSM construction, whose frozen λ = 1 is ν = −inf."""
-    ckpt = zoo.build("gd-ssm-sine-gd-mlp", tmp_path / "x", steps=20, device="cpu", progress=False)
+    ckpt = zoo.build("gd-ssm-sine-gd-mlp", tmp_path / "x", steps=20, device="cpu", progress=False, graphs=False)
     assert np.isfinite(ckpt.metrics["test_loss"])
 
 

@@ -20,11 +20,11 @@ from zoo.train import default_device, train, training_mode
 TRAIN_DIR = ".train"  # resumable training state inside the output folder; never published
 
 
-def save(ckpt: Checkpoint, out: str | Path, *, keep=not_zoo_file) -> Path:
+def save(ckpt: Checkpoint, out: str | Path, *, keep=not_zoo_file, graphs: bool = True) -> Path:
     """The checkpoint's whole Hub repo folder: its files and ONNX graphs (`zoo.export.save_checkpoint`),
     then its model card and figures, rendered from the checkpoint's own data once those files are saved,
     all in one staged folder swapped in whole. `zoo build`, `zoo export` and the release save this way."""
-    return save_checkpoint(ckpt, out, keep=keep, card=write_card_and_figures)
+    return save_checkpoint(ckpt, out, keep=keep, card=write_card_and_figures, graphs=graphs)
 
 
 def _prepare(name: str | Entry, overrides: dict | None):
@@ -51,6 +51,7 @@ def build(
     model: torch.nn.Module | None = None,
     track_alignment: bool = False,
     force: bool = False,
+    graphs: bool = True,
 ) -> Checkpoint:
     """Construct or train the entry `name` (or an Entry), evaluate it on its frozen test split,
     save it to `out` with its graphs and card, swapped in whole (`save`). An `out` that holds another run's
@@ -60,7 +61,8 @@ def build(
     `compiled` trains through torch.compile (zoo.train.Step: same data, same losses to rounding).
     `model`: the trained entry's `untrained_model` for this seed when the caller has built it already.
     `track_alignment`: record the blogpost's three alignment metrics against the entry's GD reference
-    on the validation split at every eval step, in the history (its Figure 10); the weights are unchanged."""
+    on the validation split at every eval step, in the history (its Figure 10); the weights are unchanged.
+    `graphs=False`: no ONNX graphs in `out` (`zoo export` adds them later)."""
     entry, spec, task, validation, test, hashes = _prepare(name, overrides)
     construction, history = None, []
     trained = entry.source.kind == "trained"
@@ -93,7 +95,7 @@ def build(
         if compiled:
             prov["compiled"] = True
 
-    return _evaluate_and_save(entry, spec, model, prov, construction, history, out, validation, test, keep)
+    return _evaluate_and_save(entry, spec, model, prov, construction, history, out, validation, test, keep, graphs)
 
 
 def _alignment_probe(entry, task, construction, validation):
@@ -219,7 +221,7 @@ def _records(path: Path, identity: dict) -> bool:
 
 
 def _evaluate_and_save(entry, spec, model, prov, construction, history, out, validation, test,
-                       keep=not_zoo_file) -> Checkpoint:
+                       keep=not_zoo_file, graphs: bool = True) -> Checkpoint:
     task = spec.build()
     reference = gd_reference(entry, task, construction, validation.batch(task, dtype=torch.float64))
     metrics = evaluate(model, task, test.batch(task), **reference)
@@ -229,7 +231,7 @@ def _evaluate_and_save(entry, spec, model, prov, construction, history, out, val
     ckpt = Checkpoint(model=model, entry=entry, task_spec=spec, provenance=prov,
                       construction=construction, metrics=metrics, history=history)
     if out is not None:
-        save_checkpoint(ckpt, out, keep=keep, card=write_card_and_figures)  # `save`: graphs and card, swapped in whole
+        save(ckpt, out, keep=keep, graphs=graphs)  # graphs and card, swapped in whole
     return ckpt
 
 
@@ -274,12 +276,13 @@ def build_ensemble(
     first: torch.nn.Module | None = None,
     track_alignment: bool = False,
     force: bool = False,
+    graphs: bool = True,
 ) -> list[Checkpoint]:
     """Train one member per seed in one batched computation (zoo/ensemble.py), then evaluate
     and save each as an ordinary checkpoint in `outs[i]`; `run_dir` holds the resumable state.
     `compiled`: torch.compile the step where it is not replayed as a CUDA graph already.
     `first`: the first seed's `untrained_model` when the caller has built it already.
-    `track_alignment`: as in `build`, for every member. `force`: as in `build`, for each of `outs`
+    `track_alignment`, `graphs`: as in `build`, for every member. `force`: as in `build`, for each of `outs`
     and for `run_dir`."""
     from zoo.ensemble import train_ensemble
 
@@ -319,6 +322,6 @@ def build_ensemble(
         if compiled:
             prov["compiled"] = True
         ckpts.append(_evaluate_and_save(entry, spec, model.cpu(), prov, construction, history, out, validation, test,
-                                        keep))
+                                        keep, graphs))
     return ckpts
 

@@ -101,7 +101,8 @@ def cmd_build(args) -> int:
 
     out = Path(args.out or Path("checkpoints") / args.name)
     ckpt = zoo.build(args.name, out, steps=args.steps, device=args.device, seed=args.seed, progress=not args.quiet,
-                     compiled=args.compile, track_alignment=args.track_alignment, force=args.force)
+                     compiled=args.compile, track_alignment=args.track_alignment, force=args.force,
+                     graphs=not args.no_graphs)
     print(f"built {args.name} → {out}")
     _print_json(ckpt.metrics)
     return 0
@@ -632,6 +633,8 @@ def parser() -> argparse.ArgumentParser:
                         "scan-heavy and small models, ~1× for LSTM/GRU (benchmarks/train_throughput.py); "
                         "same data and losses to rounding")
     s.add_argument("--track-alignment", action="store_true", help=TRACK_ALIGNMENT_HELP)
+    s.add_argument("--no-graphs", action="store_true",
+                   help="write no ONNX graphs (most of a short run's time); `zoo export OUT` adds them later")
     s.add_argument("--force", action="store_true",
                    help="replace an --out folder that holds another entry's (or run's) checkpoint, entirely")
     s.set_defaults(fn=cmd_build)

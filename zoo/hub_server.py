@@ -54,7 +54,9 @@ from urllib.parse import parse_qs, unquote
 from zoo.locate import HubError, validate_repo_id
 
 REPO_TYPES = ("models", "datasets")
-REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
+# A revision is a git ref name: '/'-separated components, each starting with a letter or digit (so
+# no '.', '..' or empty part), as the Hub's own "refs/pr/1", "refs/convert/parquet" or "release/v1".
+REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9][A-Za-z0-9._-]{0,127}){0,7}$")
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 RELEASE_MARKER = ".icl-zoo-release.json"  # written by zoo.hub_prepare
@@ -114,7 +116,7 @@ def _segment(raw: str, what: str) -> str:
 def _revision(raw: str) -> str:
     rev = _decode(raw, "revision")
     if not REVISION.match(rev) or ".." in rev:
-        raise not_found("revision")  # e.g. refs/pr/1: no such thing here
+        raise not_found("revision")  # not a ref name git could hold
     return rev
 
 
@@ -273,6 +275,10 @@ class Hub:
             return refs["branches"][revision]
         if revision in refs["tags"]:
             return refs["tags"][revision]
+        for prefix, kind in (("refs/heads/", "branches"), ("refs/tags/", "tags")):  # a full ref name
+            if revision.startswith(prefix) and revision[len(prefix):] in refs[kind]:
+                return refs[kind][revision[len(prefix):]]
+        # any other name, e.g. the Hub's refs/pr/1 or refs/convert/parquet: no such ref here (RevisionNotFound)
         if COMMIT.match(revision) and self.memo(("is-commit", repo, revision), lambda: self._is_commit(repo, revision)):
             return revision
         raise not_found("revision")

@@ -47,6 +47,7 @@ class SweepSpec(BaseModel):
     ensemble: bool = False  # train the seeds of each (entry, overrides) as one batched ensemble (zoo/ensemble.py)
     compiled: bool = False  # train through torch.compile (CPU: up to 2.5–6× the steps/s after ~10–60 s compiling per run)
     track_alignment: bool = False  # record the alignment metrics with GD at every eval step (blogpost Figure 10)
+    graphs: bool = True  # export each run's ONNX graphs (false: weights, card and results only; `zoo export RUN` adds them)
     grid: dict[str, list[Any]] = {}  # dotted field → values
 
 
@@ -95,7 +96,8 @@ def expand(spec: SweepSpec) -> list[Run]:
 
 
 def run_one(run: Run, out_dir: str, steps: int | None, device: str | None, threads: int | None = None,
-            compiled: bool = False, model=None, track_alignment: bool = False, progress: bool = False) -> dict:
+            compiled: bool = False, model=None, track_alignment: bool = False, progress: bool = False,
+            graphs: bool = True) -> dict:
     """Build one run (or read it back when finished) and return its results row. `model`: the run's
     untrained model when the caller has built it already (`run_group`)."""
     from zoo.builder import build
@@ -107,7 +109,7 @@ def run_one(run: Run, out_dir: str, steps: int | None, device: str | None, threa
         return result_row(run, read_checkpoint(folder), "cached")
     _register_task_variant(run)
     ckpt = build(run.config, folder, steps=steps, device=device, seed=run.seed, progress=progress, compiled=compiled,
-                 model=model, track_alignment=track_alignment)  # progress: the run's step bar, with its loss
+                 model=model, track_alignment=track_alignment, graphs=graphs)  # progress: the step bar, with its loss
     return result_row(run, ckpt, "built")
 
 
@@ -136,7 +138,8 @@ def _limit_threads(threads: int | None) -> None:
 
 
 def run_group(runs: list[Run], out_dir: str, steps: int | None, device: str | None, threads: int | None = None,
-              compiled: bool = False, track_alignment: bool = False, progress: bool = False) -> list[dict]:
+              compiled: bool = False, track_alignment: bool = False, progress: bool = False,
+              graphs: bool = True) -> list[dict]:
     """Runs that differ only in their seed: trained together as an ensemble when there are
     several unfinished ones and their model can be vmapped, else built one by one. `progress`: each
     training's step bar with its train and validation loss (zoo.train)."""
@@ -156,14 +159,15 @@ def run_group(runs: list[Run], out_dir: str, steps: int | None, device: str | No
         ensemble = training_mode(model, first.config.source, device, members=len(pending)).ensemble
     if not ensemble:
         return [run_one(r, out_dir, steps, device, compiled=compiled, model=model if r is first else None,
-                        track_alignment=track_alignment, progress=progress) for r in runs]
+                        track_alignment=track_alignment, progress=progress, graphs=graphs) for r in runs]
     ckpts = build_ensemble(first.config, [r.seed for r in pending], [Path(out_dir) / r.name for r in pending],
                            run_dir=Path(out_dir) / ".ensembles" / first.name.replace(f"--seed{first.seed}", ""),
                            steps=steps, device=device, progress=progress, compiled=compiled, first=model,
-                           track_alignment=track_alignment)
+                           track_alignment=track_alignment, graphs=graphs)
     built = {r.name: ckpt for r, ckpt in zip(pending, ckpts)}
     return [result_row(r, built[r.name], f"built (ensemble of {len(pending)})") if r.name in built
-            else run_one(r, out_dir, steps, device, compiled=compiled, track_alignment=track_alignment, progress=progress)
+            else run_one(r, out_dir, steps, device, compiled=compiled, track_alignment=track_alignment, progress=progress,
+                         graphs=graphs)
             for r in runs]
 
 
@@ -189,7 +193,7 @@ def run_sweep(spec: SweepSpec, out: str | Path | None = None, backend: Literal["
         for g in bar:
             bar.set_postfix_str(g[0].name if len(g) == 1 else f"{g[0].entry} ×{len(g)} seeds")
             done = run_group(g, str(out), spec.steps, spec.device, compiled=spec.compiled,
-                             track_alignment=spec.track_alignment, progress=progress)
+                             track_alignment=spec.track_alignment, progress=progress, graphs=spec.graphs)
             rows += done
             if progress:
                 for row in done:
@@ -225,7 +229,7 @@ def _run_on_ray(groups: list[list[Run]], out: Path, spec: SweepSpec, address: st
     try:
         remote = ray.remote(num_cpus=1, num_gpus=gpus_per_run)(run_group)
         pending = {remote.remote(g, str(out.resolve()), spec.steps, spec.device, 1, spec.compiled,
-                                 spec.track_alignment): i for i, g in enumerate(groups)}
+                                 spec.track_alignment, graphs=spec.graphs): i for i, g in enumerate(groups)}
         results: list[list[dict]] = [[] for _ in groups]
         while pending:  # each group's runs printed as they finish, in whatever order the cluster ends them
             ready, _ = ray.wait(list(pending), num_returns=1)

@@ -96,8 +96,13 @@ CONTRACT_VERSION = "1"
 def contract(props: dict) -> str:
     """The graph's contract in words, stored as the model's doc_string (shown by Netron and onnx tools)."""
     r = props["readout"]
-    pick = f"{'−' if r['sign'] < 0 else ''}out[..., {r['start']}:{r['stop']}] of the {'last' if r['position'] == -1 else 'position ' + str(r['position'])} token"
+    where = {None: "every token", -1: "the last token"}.get(r["position"], f"token {r['position']}")
+    pick = f"{'−' if r['sign'] < 0 else ''}out[..., {r['start']}:{r['stop']}] of {where}"
     head = f"icl-zoo graph contract v{CONTRACT_VERSION}: entry {props['entry']}, float32. Prediction (task read-out): {pick}."
+    if "tokens" in props:  # how a dataset row becomes the input (the task's token_layout)
+        t = props["tokens"]
+        head += (f" Tokens from a dataset row x {tuple(t['row']['x'])}, y {tuple(t['row']['y'])} ({t['layout']} layout, "
+                 f"{tuple(t['tokens'])} per row): {t['rule']}. The prediction is compared with {t['target']}.")
     if props["graph"] in ("step", "chunk"):
         states = ", ".join(f"{s['input']} → {s['output']} {s['shape']}" for s in props["state_layout"])
         feed = "feed state_out back as state_in. The initial state is all zeros"
@@ -120,6 +125,9 @@ def _metadata(path: Path, props: dict) -> None:
     m = onnx.load(str(path))
     m.doc_string = contract(props)
     props = {**props, "contract_version": CONTRACT_VERSION}
+    kept = [p for p in m.metadata_props if not p.key.startswith("icl_zoo.")]  # a chunk graph scanned from a
+    del m.metadata_props[:]                                                     # step graph carries its keys:
+    m.metadata_props.extend(kept)                                               # each key once, this graph's
     for key, value in props.items():
         entry = m.metadata_props.add()
         entry.key = f"icl_zoo.{key}"
@@ -128,18 +136,19 @@ def _metadata(path: Path, props: dict) -> None:
     onnx.save(m, str(path))
 
 
-def _common_metadata(model, entry_name: str) -> dict:
+def _common_metadata(model, entry_name: str, token_layout: dict | None) -> dict:
     r = model.readout
     return {
         "entry": entry_name,
         "d_in": model.d_in,
         "d_out": model.d_out,
         "readout": {"position": r.position, "start": r.start, "stop": r.stop, "sign": r.sign},
+        **({"tokens": token_layout} if token_layout is not None else {}),  # the task's token_layout, when exported for one
     }
 
 
 @torch.no_grad()
-def export_step(model, path: Path, *, entry_name: str = "") -> Path:
+def export_step(model, path: Path, *, entry_name: str = "", token_layout: dict | None = None) -> Path:
     """Write the step graph of a recurrent model (fp32) with its state layout in the metadata."""
     model = _fp32_copy(model)
     state = model.init_state(EXPORT_BATCH)
@@ -148,7 +157,7 @@ def export_step(model, path: Path, *, entry_name: str = "") -> Path:
     batch = torch.export.Dim("batch", min=1)
     dyn = ({0: batch}, tuple({0: batch} for _ in state))  # (token, *state): state arrives as one tuple
     _export(_StepGraph(model), (token, *state), path, ["token", *in_names], ["out", *out_names], dyn)
-    _metadata(path, {**_common_metadata(model, entry_name), "graph": "step", "state_layout": _state_layout(model, state)})
+    _metadata(path, {**_common_metadata(model, entry_name, token_layout), "graph": "step", "state_layout": _state_layout(model, state)})
     return path
 
 
@@ -159,7 +168,8 @@ def _state_layout(model, state) -> list[dict]:
 
 
 @torch.no_grad()
-def export_chunk(model, path: Path, *, entry_name: str = "", step_graph: Path | None = None) -> Path:
+def export_chunk(model, path: Path, *, entry_name: str = "", step_graph: Path | None = None,
+                 token_layout: dict | None = None) -> Path:
     """Write the chunk graph of a recurrent model (fp32): its `forward_chunk` traced for
     T ≤ `chunk_len` where it has a parallel form, else the step graph scanned over time (the
     model's `step_graph` file when one was just exported, else a fresh export)."""
@@ -179,16 +189,17 @@ def export_chunk(model, path: Path, *, entry_name: str = "", step_graph: Path | 
     else:
         step = Path(path).with_suffix(".step.tmp")
         try:
-            return export_chunk(model, path, entry_name=entry_name, step_graph=export_step(model, step, entry_name=entry_name))
+            return export_chunk(model, path, entry_name=entry_name, token_layout=token_layout,
+                                step_graph=export_step(model, step, entry_name=entry_name))
         finally:
             step.unlink(missing_ok=True)
-    _metadata(path, {**_common_metadata(model, entry_name), "graph": "chunk", "time": valid,
+    _metadata(path, {**_common_metadata(model, entry_name, token_layout), "graph": "chunk", "time": valid,
                      "state_layout": _state_layout(model, state)})
     return path
 
 
 @torch.no_grad()
-def export_sequence(model, path: Path, *, entry_name: str = "", seq_len: int = 8) -> Path:
+def export_sequence(model, path: Path, *, entry_name: str = "", seq_len: int = 8, token_layout: dict | None = None) -> Path:
     """Write the whole-sequence graph (B, T, d_in) -> (B, T, d_out). T is symbolic up to
     EXPORT_MAX_LEN (the scans' doublings), except for models whose fused kernels fix it
     (`dynamic_time = False`): then T = `seq_len`. The metadata's `time` records which."""
@@ -199,7 +210,7 @@ def export_sequence(model, path: Path, *, entry_name: str = "", seq_len: int = 8
         axes[1] = torch.export.Dim("time", min=2, max=EXPORT_MAX_LEN)
     _export(_SequenceGraph(model), (tokens,), path, ["tokens"], ["out"], (axes,))
     time = f"2..{EXPORT_MAX_LEN}" if model.dynamic_time else seq_len
-    _metadata(path, {**_common_metadata(model, entry_name), "graph": "sequence", "time": time})
+    _metadata(path, {**_common_metadata(model, entry_name, token_layout), "graph": "sequence", "time": time})
     return path
 
 
@@ -213,11 +224,11 @@ def export_checkpoint_graphs(ckpt, folder: Path) -> list[Path]:
     """The ONNX files of a checkpoint folder: model.onnx always; model_step.onnx and
     model_chunk.onnx when recurrent."""
     folder = Path(folder)
-    written = [export_sequence(ckpt.model, folder / SEQUENCE_FILE, entry_name=ckpt.entry.name,
-                               seq_len=ckpt.task.n_tokens)]
+    meta = {"entry_name": ckpt.entry.name, "token_layout": ckpt.task.token_layout}
+    written = [export_sequence(ckpt.model, folder / SEQUENCE_FILE, seq_len=ckpt.task.n_tokens, **meta)]
     if getattr(ckpt.model, "recurrent", False):
-        step = export_step(ckpt.model, folder / STEP_FILE, entry_name=ckpt.entry.name)
-        written += [step, export_chunk(ckpt.model, folder / CHUNK_FILE, entry_name=ckpt.entry.name, step_graph=step)]
+        step = export_step(ckpt.model, folder / STEP_FILE, **meta)
+        written += [step, export_chunk(ckpt.model, folder / CHUNK_FILE, step_graph=step, **meta)]
     return written
 
 
@@ -232,7 +243,7 @@ def not_zoo_file(name: str) -> bool:
 
 
 def save_checkpoint(ckpt, folder: Path, *, keep: Callable[[str], bool] = not_zoo_file,
-                    card: Callable[[object, Path], object] | None = None) -> Path:
+                    card: Callable[[object, Path], object] | None = None, graphs: bool = True) -> Path:
     """A checkpoint's whole Hub repo folder: what `Checkpoint.save_pretrained` writes (weights, eval
     results, history, config.json) and its ONNX graphs, every file's SHA-256 in config.json; then
     `card(ckpt, folder)`, the card writer the caller passes (the builder's `zoo.card.write_card_and_figures`),
@@ -243,10 +254,11 @@ def save_checkpoint(ckpt, folder: Path, *, keep: Callable[[str], bool] = not_zoo
     error or a kill at any point leaves the folder's previous checkpoint loadable. Of the previous folder,
     the entries `keep(name)` accepts and the new save did not write are copied over (by default everything
     but the zoo's own files: as when saves were written in place); `keep=lambda name: False` replaces
-    the folder entirely."""
+    the folder entirely. `graphs=False` writes no ONNX graph (`zoo export FOLDER` adds them later): the
+    export is most of a short run's time (a toy build: ~90%)."""
 
     def write(staged: Path) -> None:
-        ckpt.save_files(staged, graphs=export_checkpoint_graphs)
+        ckpt.save_files(staged, graphs=export_checkpoint_graphs if graphs else None)
         if card is not None:
             card(ckpt, staged)
 

@@ -71,22 +71,40 @@ def _quiet_datasets() -> None:
 
 def save_split(x: np.ndarray, y: np.ndarray, folder: Path) -> str:
     """Write data.parquet (explicit Array2D features) and return the content hash."""
-    from datasets import Array2D, Dataset, Features
+    import pyarrow as pa
+    from datasets import Dataset, DatasetInfo, Features
 
     _quiet_datasets()
 
     folder.mkdir(parents=True, exist_ok=True)
-    features = Features({
-        "x": Array2D(shape=x.shape[1:], dtype="float32"),
-        "y": Array2D(shape=y.shape[1:], dtype="float32"),
-    })
-    ds = Dataset.from_dict({"x": x, "y": y}, features=features)
+    columns = {"x": _array2d_column(x), "y": _array2d_column(y)}
+    features = Features({name: _array2d_feature(a) for name, a in (("x", x), ("y", y))})
+    ds = Dataset(pa.table(columns), info=DatasetInfo(features=features))
     # Write under a private name, then rename: a reader in another process (two sweeps sharing
     # the cache) sees either no file or the whole file, never a half-written one.
     tmp = folder / f".data.parquet.{os.getpid()}.tmp"
     ds.to_parquet(str(tmp))
     os.replace(tmp, folder / "data.parquet")
     return content_hash(x, y)
+
+
+def _array2d_feature(a: np.ndarray):
+    from datasets import Array2D
+
+    return Array2D(shape=a.shape[1:], dtype="float32")
+
+
+def _array2d_column(a: np.ndarray):
+    """datasets' Array2D column (list<list<float32>> storage) built from the array's memory in one go:
+    the same Arrow data, hence the same parquet bytes, as `Dataset.from_dict`, which converts row by
+    row in Python (8× slower: 0.55 s against 0.07 s for 10,000 rows of 11 × 8)."""
+    import pyarrow as pa
+
+    n, rows, cols = a.shape
+    flat = pa.array(np.ascontiguousarray(a, dtype="<f4").reshape(-1))
+    inner = pa.ListArray.from_arrays(pa.array(np.arange(0, n * rows * cols + 1, cols, dtype=np.int32)), flat)
+    outer = pa.ListArray.from_arrays(pa.array(np.arange(0, n * rows + 1, rows, dtype=np.int32)), inner)
+    return pa.ExtensionArray.from_storage(_array2d_feature(a)(), outer)  # the feature's Arrow extension type
 
 
 def read_parquet_arrays(path: Path | str) -> tuple[np.ndarray, np.ndarray]:

@@ -146,6 +146,26 @@ class LinearRegressionTask:
         return {"pairs": c + 1, "interleaved": 2 * c + 1, "products": c, "triples": c}[self.layout]
 
     @property
+    def token_layout(self) -> dict:
+        """How a dataset row (x (C+1, d_x), y (C+1, d_y), the query last) becomes the model's tokens, in
+        index notation a stranger can implement without the zoo (it goes into every ONNX graph's metadata,
+        `icl_zoo.tokens`). The query's y is never shown; the target is what the read-out predicts."""
+        c, dx, dy = self.n_context, self.d_x, self.d_y
+        rule = {
+            "pairs": f"tokens[t] = concat(x[t], y[t]) for t < {c}; tokens[{c}] = concat(x[{c}], zeros({dy})) "
+                     "(the query's y zeroed)",
+            "interleaved": f"tokens[2j] = concat(x[j], zeros({dy})), tokens[2j+1] = concat(zeros({dx}), y[j]) for "
+                           f"j < {c}; tokens[{2 * c}] = concat(x[{c}], zeros({dy})) (the query; its y never shown)",
+            "products": f"tokens[t] = concat(x[t] * y[t], x[t+1]) for t < {c} (the last token carries the query "
+                        f"x[{c}]; its y never shown)",
+            "triples": f"tokens[t] = concat(x[t], y[t], x[t+1]) for t < {c} (y[t+1] is predicted at token t; the "
+                       f"query's y[{c}] never shown)",
+        }[self.layout]
+        target = f"y[1:{c + 1}] (at every token)" if self.every_position else f"y[{c}] (the query)"
+        return {"layout": self.layout, "row": {"x": [c + 1, dx], "y": [c + 1, dy]},
+                "tokens": [self.n_tokens, self.token_dim], "rule": rule, "target": target}
+
+    @property
     def every_position(self) -> bool:
         """The model predicts y_{t+1} at every position t (the "triples" layout), not only the query."""
         return self.layout == "triples"

@@ -57,6 +57,13 @@ class LSATeacherTask:
     def readout(self) -> Readout:
         return Readout(position=None, start=0, stop=self.d, sign=1.0)
 
+    @property
+    def token_layout(self) -> dict:
+        """How a dataset row becomes tokens (see LinearRegressionTask.token_layout): x is the tokens."""
+        t, d = self.seq_len, self.d
+        return {"layout": "sequence", "row": {"x": [t, d], "y": [t, d]}, "tokens": [t, d],
+                "rule": "tokens[t] = x[t]", "target": "y[t] at every token t (the teacher LSA's output)"}
+
     def teacher_weights(self, dtype=torch.float64) -> dict[str, torch.Tensor]:
         g = torch.Generator().manual_seed(self.teacher_seed)
         w = {name: torch.randn(self.d, self.d, generator=g, dtype=torch.float64) * self.w_std for name in ("w_v", "w_k", "w_q")}
