@@ -138,7 +138,7 @@ def exactness(model, folder, batch: int, chunk: int, streams: int = 8) -> float:
     ref = StreamingSession(folder, providers=["CPUExecutionProvider"], threads=1)
     ref.reset(streams)
     tokens = torch.cat([b[:streams] for b in bank], dim=1).cpu().numpy()
-    step_out = np.stack([ref._step_cpu(np.ascontiguousarray(tokens[:, t])) for t in range(tokens.shape[1])], axis=1)
+    step_out = np.stack([ref.push(tokens[:, t]) for t in range(tokens.shape[1])], axis=1)  # (B, d_in): one step each
     return float(np.abs(cuda_out - step_out).max())
 
 

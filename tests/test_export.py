@@ -1,4 +1,5 @@
-"""ONNX export and streaming: parity with PyTorch for every entry, constant memory, clear errors."""
+"""ONNX export and streaming: parity with PyTorch for every entry, constant memory, clear errors.
+(Each recurrent code path's step graph over a 1,000-token stream: test_recurrence.py, which exports it once.)"""
 
 import gc
 import json
@@ -11,7 +12,7 @@ import torch
 from zoo.constructions import construct
 from zoo.export.onnx_export import export_chunk, export_sequence, export_step
 from zoo.export.streaming import (
-    CHUNK,
+    RUN_TOKENS,
     CHUNK_GRAPHS,
     PARALLEL_MAX_BATCH,
     PARALLEL_TOKENS,
@@ -22,7 +23,8 @@ from zoo.export.token_io import read_tokens
 from zoo.models import create_model
 from zoo.registry import get_task_spec, list_entries
 
-STREAM_LEN = 1000
+from stream_parity import assert_parity, model_double, stream_tokens
+
 ENTRIES = list_entries()
 
 
@@ -64,62 +66,28 @@ def model_for(entry):
     return model.eval(), task
 
 
-def stream_tokens(model, task, length, batch=2):
-    """Task tokens over a long stream, and the float64 reference outputs.
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """`exported(entry, kind)`: the entry's "sequence", "step" or "chunk" graph of `model_for`'s weights,
+    exported once for this module. An export takes 1–10 s, and several tests read the same graph."""
+    folder, made = tmp_path_factory.mktemp("graphs"), {}
 
-    Attention-like outputs are polynomials (degree 3–4) of the tokens summed over the whole
-    stream, so the tokens are halved (or doubled) until the reference is O(1) (½ ≤ max |y| ≤ 4),
-    at most 20 times: a randomly initialised RNN has an input-independent part (the appended 1) that
-    scaling cannot shrink, and `assert_parity` scales atol by the output magnitude then."""
-    n = -(-length // task.n_tokens)
-    b = task.sample(batch * n, seed=9)
-    tokens = b.tokens.reshape(batch, n * task.n_tokens, -1)[:, :length]
-    reference = model_double(model)
-    with torch.no_grad():
-        ref = reference(tokens.double())
-        for _ in range(20):
-            if ref.abs().max() <= 4:
-                break
-            tokens = tokens / 2
-            ref = reference(tokens.double())
-        for _ in range(10):  # a small random init (LSA without residual: out ∝ init_std⁴): scale up once
-            if ref.abs().max() >= 0.5:
-                break
-            larger = reference(2 * tokens.double())
-            if larger.abs().max() > 4:
-                break
-            tokens, ref = 2 * tokens, larger
-    return tokens, ref
+    def get(entry, kind: str):
+        if (entry.name, kind) not in made:
+            model, task = model_for(entry)
+            path = folder / entry.name / f"{kind}.onnx"
+            path.parent.mkdir(exist_ok=True)
+            if kind == "sequence":
+                export_sequence(model, path, entry_name=entry.name, seq_len=task.n_tokens)
+            elif kind == "step":
+                export_step(model, path, entry_name=entry.name)
+            else:  # a model without a parallel form scans its step graph: the one exported here
+                export_chunk(model, path, entry_name=entry.name,
+                             step_graph=None if model.dynamic_time else get(entry, "step"))
+            made[entry.name, kind] = path
+        return made[entry.name, kind]
 
-
-def model_double(model):
-    import copy
-
-    return copy.deepcopy(model).double()
-
-
-def assert_parity(got: np.ndarray, ref: torch.Tensor):
-    ref = ref.detach().numpy()
-    err = got.astype(np.float64) - ref
-    rel_rms = np.sqrt((err**2).mean() / (ref**2).mean())
-    scale = max(1.0, float(np.abs(ref).max()))  # fp32 keeps ~7 digits of the largest output
-    # fp32 sums over a 1,000-token stream through memory neurons (λ ≈ 1) lose digits with the length
-    # (worst measured: the random-init gated-rnn-triples, max 1.9e-5 · scale, relative rms 1.03e-5)
-    assert np.abs(err).max() < 3e-5 * scale, (np.abs(err).max(), scale)
-    assert rel_rms < 3e-5, rel_rms
-    assert np.abs(ref).max() > 0.1, "the reference must not be trivially small"
-
-
-@pytest.mark.parametrize("entry", [e for e in RECURRENT if not _ill_conditioned_in_fp32(e)], ids=lambda e: e.name)
-def test_onnx_step_stream_equals_pytorch_forward(entry, tmp_path):
-    model, task = model_for(entry)
-    path = export_step(model, tmp_path / "model_step.onnx", entry_name=entry.name)
-    tokens, ref = stream_tokens(model, task, STREAM_LEN)  # ref: PyTorch forward in float64
-    session = StreamingSession(path)
-    session.reset(tokens.shape[0])
-    got = np.concatenate([session.push(tokens[:, i : i + 250].numpy()) for i in range(0, STREAM_LEN, 250)], axis=1)
-    assert_parity(got, ref)
-    assert session.steps == STREAM_LEN
+    return get
 
 
 @pytest.mark.parametrize("entry", [e for e in RECURRENT if _ill_conditioned_in_fp32(e)], ids=lambda e: e.name)
@@ -140,9 +108,9 @@ def test_lstm_construction_streams_at_fp32_precision(entry, tmp_path):
 
 
 @pytest.mark.parametrize("entry", SEQUENCE_GRAPHS, ids=lambda e: e.name)
-def test_onnx_sequence_graph_equals_pytorch(entry, tmp_path):
+def test_onnx_sequence_graph_equals_pytorch(entry, exported):
     model, task = model_for(entry)
-    path = export_sequence(model, tmp_path / "model.onnx", entry_name=entry.name, seq_len=task.n_tokens)
+    path = exported(entry, "sequence")
     import onnxruntime as ort
 
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -154,11 +122,8 @@ def test_onnx_sequence_graph_equals_pytorch(entry, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory):
-    entry = next(e for e in RECURRENT if e.name == "lsa-gd-zucchet-icl")
-    model, task = model_for(entry)
-    path = export_step(model, tmp_path_factory.mktemp("onnx") / "model_step.onnx", entry_name=entry.name)
-    return StreamingSession(path)
+def session(exported):
+    return StreamingSession(exported(next(e for e in RECURRENT if e.name == "lsa-gd-zucchet-icl"), "step"))
 
 
 def test_step_graph_metadata_and_names(session):
@@ -221,20 +186,20 @@ def test_read_tokens_formats(tmp_path):
         read_tokens(str(tmp_path / "bad.jsonl"))
 
 
-@pytest.mark.parametrize("name", ["gated-rnn-gd-zucchet-icl", "lru-out-zucchet-icl", "gd-ssm-gd-nd"])
-def test_sequence_graph_refuses_lengths_past_its_scan(name, tmp_path):
+# one sequence graph of each scanned family the sequence test exports anyway
+SCANNED = [next(e for e in SEQUENCE_GRAPHS if e.arch.type == t) for t in ("gated_rnn", "lru", "gd_ssm")]
+
+
+@pytest.mark.parametrize("entry", SCANNED, ids=lambda e: e.name)
+def test_sequence_graph_refuses_lengths_past_its_scan(entry, exported):
     """A whole-sequence graph traced with EXPORT_MAX_LEN doublings is exact up to that length and
     raises past it, under plain onnxruntime (no zoo code between the user and the graph)."""
     import onnxruntime as ort
 
     from zoo.models.scan import EXPORT_MAX_LEN
-    from zoo.registry import get_entry
 
-    entry = get_entry(name)
-    task = get_task_spec(entry.task).build()
-    torch.manual_seed(0)
-    model = create_model(entry.arch, task)
-    path = export_sequence(model, tmp_path / "model.onnx", entry_name=name, seq_len=task.n_tokens)
+    model, _ = model_for(entry)
+    path = exported(entry, "sequence")
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     tokens = 0.3 * torch.randn(1, EXPORT_MAX_LEN, model.d_in)
     (out,) = session.run(None, {"tokens": tokens.numpy()})
@@ -268,29 +233,28 @@ CHUNK_CASES = [
 
 
 @pytest.mark.parametrize("entry, length", CHUNK_CASES)
-def test_chunked_stream_at_10k_tokens_equals_step_graph_and_torch(entry, length, tmp_path):
+def test_chunked_stream_at_10k_tokens_equals_step_graph_and_torch(entry, length, exported):
     """push(B, T, d) runs a chunk graph (model_chunk.onnx: the parallel scan continued from the
     state, or the scanned step graph for LSTM/GRU; the step graph scanned in memory; the hoisted step
     graph) on pieces of at most its run length, carrying the state between pieces and calls: at
     T = 10,000 (≫ the chunk, pushed in uneven pieces) each of them equals the token-at-a-time step
     graph and the float64 torch forward."""
     model, task = model_for(entry)
-    export_step(model, tmp_path / "model_step.onnx", entry_name=entry.name)
-    export_chunk(model, tmp_path / "model_chunk.onnx", entry_name=entry.name)
+    step, chunk = exported(entry, "step"), exported(entry, "chunk")
     tokens, ref = stream_tokens(model, task, length, batch=2)
-    session = StreamingSession(tmp_path / "model_step.onnx", chunk=tmp_path / "model_chunk.onnx")
+    session = StreamingSession(step, chunk=chunk)
     session.reset(2)
     stepped = np.stack([session.push(tokens[:, t].numpy()) for t in range(length)], axis=1)
     tried = []
     for kind in CHUNK_GRAPHS:
-        session = StreamingSession(tmp_path / "model_step.onnx", chunk=tmp_path / "model_chunk.onnx", graphs=(kind,))
+        session = StreamingSession(step, chunk=chunk, graphs=(kind,))
         session.reset(2)
         if not session.candidates():
             continue  # a step graph the hoisted form does not split
         piece = min(p for k, p in session.candidates())
         session._choice[2] = (kind, piece)  # each run length is one the probe may pick
         if kind == "parallel":
-            assert piece == min(model.chunk_len if model.dynamic_time else CHUNK, PARALLEL_TOKENS // 2)
+            assert piece == min(model.chunk_len if model.dynamic_time else RUN_TOKENS, PARALLEL_TOKENS // 2)
         cuts = sorted({min(c, length) for c in (0, 1, piece + 5, piece + 6, 3 * piece + 7, length)})  # uneven pieces
         chunked = np.concatenate([session.push(tokens[:, a:b].numpy()) for a, b in zip(cuts, cuts[1:])], axis=1)
         np.testing.assert_allclose(chunked, stepped, rtol=0, atol=1e-5 * max(1.0, np.abs(stepped).max()), err_msg=kind)
@@ -299,16 +263,14 @@ def test_chunked_stream_at_10k_tokens_equals_step_graph_and_torch(entry, length,
     assert {"parallel", "scan"} <= set(tried)
 
 
-def test_many_streams_take_the_graph_measured_fastest(tmp_path):
+def test_many_streams_take_the_graph_measured_fastest(exported):
     """At 9 streams the session probes each chunk graph (parallel, scanned, hoisted) once and runs
     the fastest: the same outputs as the float64 reference whichever it is."""
-    entry = next(e for e in RECURRENT if e.name == "gated-rnn-gd-zucchet-icl")
+    entry = next(e for e in RECURRENT if e.name == "gated-rnn-gd-zucchet-icl")  # its chunk graph: the plain-ORT test's
     model, task = model_for(entry)
-    export_step(model, tmp_path / "model_step.onnx", entry_name=entry.name)
-    export_chunk(model, tmp_path / "model_chunk.onnx", entry_name=entry.name)
     batch = PARALLEL_MAX_BATCH + 1
     tokens, ref = stream_tokens(model, task, 3000, batch=batch)
-    session = StreamingSession(tmp_path / "model_step.onnx", chunk=tmp_path / "model_chunk.onnx")
+    session = StreamingSession(exported(entry, "step"), chunk=exported(entry, "chunk"))
     session.reset(batch)
     assert_parity(session.push(tokens.numpy()), ref)
     assert set(session.probes[batch]) == set(session.candidates())
@@ -317,7 +279,7 @@ def test_many_streams_take_the_graph_measured_fastest(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["gated-rnn-gd-zucchet-icl", "lsa-gd-zucchet-icl"])
-def test_chunk_graph_under_plain_onnxruntime(name, tmp_path):
+def test_chunk_graph_under_plain_onnxruntime(name, exported):
     """The chunk graph as a user without the zoo runs it: state in, state out, any chunk sizes up
     to its bound give the outputs of one stream; a longer chunk raises instead of scanning part."""
     import onnxruntime as ort
@@ -325,7 +287,7 @@ def test_chunk_graph_under_plain_onnxruntime(name, tmp_path):
     from zoo.registry import get_entry
 
     model, task = model_for(get_entry(name))
-    path = export_chunk(model, tmp_path / "model_chunk.onnx", entry_name=name)
+    path = exported(get_entry(name), "chunk")
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     meta = session.get_modelmeta().custom_metadata_map
     assert meta["icl_zoo.graph"] == "chunk" and meta["icl_zoo.time"] == f"1..{model.chunk_len}"

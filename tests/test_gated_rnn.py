@@ -8,7 +8,7 @@ from zoo.analysis.polynomial import (
 )
 from zoo.analysis.rnn import active_neurons, imperfect_memory_effect, kv_q_scores, memory_leak, prune, prune_by_function
 from zoo.constructions import construct_gd_lsa
-from zoo.models.gated_rnn import rnn_from_lsa
+from zoo.models.gated_rnn import rnn_from_lsa, rnn_size
 from zoo.models.lsa import lsa_weights, teacher_lsa
 from zoo.models.gated_rnn import GatedLinearRNN
 from zoo.models.lsa import LinearSelfAttention
@@ -17,6 +17,12 @@ from zoo.tasks.regression import LinearRegressionTask, Readout
 from zoo.tasks.teacher import LSATeacherTask
 
 READOUT = Readout(position=None, start=0, stop=5, sign=1.0)
+
+
+def lsa_rnn(weights, readout, compact=False) -> GatedLinearRNN:
+    """A float64 gated RNN of the construction's size, set to the LSA layer (W_V, W_K, W_Q) by `rnn_from_lsa`."""
+    d = weights[0].shape[0]
+    return rnn_from_lsa(GatedLinearRNN(d, d, readout, **rnn_size(d, compact)).double(), *weights, compact=compact)
 
 
 def random_lsa(d, seed, invertible=True):
@@ -161,7 +167,7 @@ def test_last_state_equals_the_scan_with_its_gradients(T, compiled):
 @pytest.mark.parametrize("d,seed", [(3, 0), (4, 1), (6, 2)])
 def test_constructed_rnn_reproduces_random_lsa(compact, d, seed):
     lsa = random_lsa(d, seed)
-    rnn = rnn_from_lsa(*lsa_weights(lsa), READOUT, compact=compact)
+    rnn = lsa_rnn(lsa_weights(lsa), READOUT, compact=compact)
     assert rnn.hidden == (d * (d + 1) // 2 if compact else d * d) + d
     x = torch.randn(8, 40, d, generator=torch.Generator().manual_seed(seed + 10), dtype=torch.float64)
     ref = lsa(x)
@@ -177,14 +183,14 @@ def test_compact_construction_needs_invertible_values():
     with torch.no_grad():
         lsa.layers[0].w_v[2] = lsa.layers[0].w_v[0]
     with pytest.raises(ValueError, match="invertible W_V"):
-        rnn_from_lsa(*lsa_weights(lsa), READOUT, compact=True)
+        lsa_rnn(lsa_weights(lsa), READOUT, compact=True)
 
 
 def test_rnn_that_does_gd_on_zucchet_task():
     task = LinearRegressionTask(d_x=3, d_y=3, n_context=12, x_scale=3**0.5, w_std=(1 / 3) ** 0.5)
     lsa = LinearSelfAttention(6, task.readout, attention="causal", residual=False).double()
     construct_gd_lsa(lsa, 3, task.analytic_eta())
-    rnn = rnn_from_lsa(*lsa_weights(lsa), task.readout)
+    rnn = lsa_rnn(lsa_weights(lsa), task.readout)
     b = task.sample(500, seed=4, dtype=torch.float64)
     from zoo.tasks.regression import gd_predict
 
@@ -229,7 +235,7 @@ def padded(rnn: GatedLinearRNN, hidden: int, gates: int) -> GatedLinearRNN:
 def test_kv_q_scores_and_pruning():
     task = LSATeacherTask(d=4, teacher_seed=4, x_std=0.4)
     lsa = teacher_lsa(task)
-    rnn = rnn_from_lsa(*lsa_weights(lsa), task.readout)
+    rnn = lsa_rnn(lsa_weights(lsa), task.readout)
     scores = kv_q_scores(rnn, task.teacher_weights())
     assert scores["kv_score"] < 1e-10 and scores["q_score"] < 1e-10
     assert (scores["memory_neurons"], scores["forget_neurons"]) == (16, 4)
@@ -251,7 +257,7 @@ def test_prune_by_function_removes_what_the_construction_does_not_need():
     exactly the extra units (the 4 gates still read live neurons, so they must be cut one by one) and
     recovers the construction's function to float64 rounding, its loss going from > 0 to ~0."""
     task = LSATeacherTask(d=4, teacher_seed=4, x_std=0.4)
-    rnn = rnn_from_lsa(*lsa_weights(teacher_lsa(task)), task.readout)
+    rnn = lsa_rnn(lsa_weights(teacher_lsa(task)), task.readout)
     big = padded(rnn, hidden=26, gates=20)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -296,7 +302,7 @@ def test_imperfect_memory_effect():
     """0 for the construction (every λ is exactly 0 or 1); for a neuron with λ = 0.9 that feeds
     the output it is exactly the relative change of silencing that neuron."""
     task = LSATeacherTask(d=4, teacher_seed=4, x_std=0.4)
-    rnn = rnn_from_lsa(*lsa_weights(teacher_lsa(task)), task.readout)
+    rnn = lsa_rnn(lsa_weights(teacher_lsa(task)), task.readout)
     x = torch.randn(8, 32, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     assert imperfect_memory_effect(rnn, x) == 0.0
     leaky = padded(rnn, hidden=21, gates=17)
@@ -319,7 +325,7 @@ def test_memory_leak():
     """0 on the construction (λ = 1 exactly); the median over memory neurons only, so dead
     neurons and forget neurons (λ = 0) do not count; None when no neuron remembers."""
     task = LSATeacherTask(d=4, teacher_seed=4, x_std=0.4)
-    rnn = rnn_from_lsa(*lsa_weights(teacher_lsa(task)), task.readout)
+    rnn = lsa_rnn(lsa_weights(teacher_lsa(task)), task.readout)
     assert memory_leak(rnn) == 0.0
     leaky = padded(rnn, hidden=24, gates=16)  # 4 dead neurons at λ = exp(−1) stay out of the median
     lam = leaky.lam()

@@ -167,7 +167,7 @@ def test_recurrent_lr_gets_its_own_param_group():
     from zoo.registry import TrainRecipe
     from zoo.train import make_optimizer
 
-    model = GDSSM(7, 2, LinearRegressionTask(3, 2, 4, layout="interleaved").readout, n_layers=2, value_dim=2, key_dim=3)
+    model = GDSSM(7, 2, LinearRegressionTask(d_x=3, d_y=2, n_context=4, layout="interleaved").readout, n_layers=2, value_dim=2, key_dim=3)
     opt = make_optimizer(model, TrainRecipe(kind="trained", lr=2e-4, recurrent_lr=1e-4, weight_decay=0.05,
                                             steps=1, batch_size=1))
     by_lr = {g["lr"]: g for g in opt.param_groups}

@@ -28,8 +28,8 @@ from onnx import TensorProto, helper
 
 from zoo.export.streaming import MAX_STATE_ELEMENTS, StreamError, StreamingSession
 from zoo.export.token_io import (
-    CHUNK,
-    CHUNK_VALUES,
+    NPY_PUSH_TOKENS,
+    NPY_PUSH_VALUES,
     TokenError,
     iter_array_chunks,
     iter_lines,
@@ -260,7 +260,7 @@ def test_a_huge_npy_input_is_memory_mapped_not_loaded(tmp_path):
     before = psutil.Process().memory_info().rss
     got, chunks = iter_array_chunks(str(path), d_in=6)
     first = next(chunks)
-    assert got == shape and first.shape == (1, min(CHUNK, CHUNK_VALUES // 6), 6)
+    assert got == shape and first.shape == (1, min(NPY_PUSH_TOKENS, NPY_PUSH_VALUES // 6), 6)
     assert psutil.Process().memory_info().rss - before < 64 * 2**20
     with pytest.raises(TokenError, match="tokens have 6 values, the model takes d_in = 5"):
         iter_array_chunks(str(path), d_in=5)

@@ -51,24 +51,31 @@ def test_spec_expands_and_rejects_bad_grids(tmp_path):
         load_spec(spec_file)
 
 
-def test_local_sweep_runs_resumes_and_reports(tmp_path):
-    spec_file = tmp_path / "s.toml"
-    spec_file.write_text(SPEC)
-    spec = load_spec(spec_file)
-    rows = run_sweep(spec, tmp_path / "out", progress=False)
+@pytest.fixture(scope="module")
+def local_sweep(tmp_path_factory):
+    """SPEC run once on the local backend: (spec, its output folder, its rows); the Ray and ensemble
+    tests compare with these rows."""
+    folder = tmp_path_factory.mktemp("local-sweep")
+    (folder / "s.toml").write_text(SPEC)
+    spec = load_spec(folder / "s.toml")
+    return spec, folder / "out", run_sweep(spec, folder / "out", progress=False)
+
+
+def test_local_sweep_runs_resumes_and_reports(local_sweep, tmp_path):
+    spec, out, rows = local_sweep
     # two seeds of the trained entry, one run of the constructed one
     assert [r["status"] for r in rows] == ["built"] * 3
     assert {r["run"] for r in rows} == {"gated-rnn-zucchet-icl--seed0", "gated-rnn-zucchet-icl--seed1", "lsa-gd-zucchet-icl"}
     assert rows[0]["steps"] == 3 and rows[0]["test_loss"] != rows[1]["test_loss"]  # seeds differ
-    again = run_sweep(spec, tmp_path / "out", progress=False)
+    again = run_sweep(spec, out, progress=False)
     assert [r["status"] for r in again] == ["cached"] * 3
     assert [r["test_loss"] for r in again] == [r["test_loss"] for r in rows]
-    table = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert len(table) == 3 and (tmp_path / "out" / "results.md").read_text().startswith("| run |")
+    table = json.loads((out / "results.json").read_text())
+    assert len(table) == 3 and (out / "results.md").read_text().startswith("| run |")
     # every run is an ordinary checkpoint, here without graphs (`graphs = false`)
-    ckpt = zoo.load(str(tmp_path / "out" / "gated-rnn-zucchet-icl--seed1"))
-    assert ckpt.provenance["seed"] == 1 and not list((tmp_path / "out").glob("*/*.onnx"))
-    report_rows = collect([tmp_path / "out"])
+    ckpt = zoo.load(str(out / "gated-rnn-zucchet-icl--seed1"))
+    assert ckpt.provenance["seed"] == 1 and not list(out.glob("*/*.onnx"))
+    report_rows = collect([out])
     md, raw, png, *more = write_report(report_rows, tmp_path / "report")
     assert [f.name for f in more] == ["report-zucchet-icl-training.png"]  # the trained runs' validation curves
     assert {r["model"] for r in json.loads(raw.read_text())} == {r["model"] for r in report_rows}
@@ -83,24 +90,21 @@ def test_local_sweep_runs_resumes_and_reports(tmp_path):
     assert poly[7] == "| one GD step (η*) | | 0.06757 | 0.06757 | 0.06757 | 0 | |"
 
 
-def test_ray_sweep_matches_local(tmp_path):
+def test_ray_sweep_matches_local(local_sweep, tmp_path):
     pytest.importorskip("ray")
-    spec_file = tmp_path / "s.toml"
-    spec_file.write_text(SPEC)
-    spec = load_spec(spec_file)
-    local = run_sweep(spec, tmp_path / "local", progress=False)
+    spec, _, local = local_sweep
     remote = run_sweep(spec, tmp_path / "ray", backend="ray")
     assert [r["run"] for r in remote] == [r["run"] for r in local]
     assert [r["test_loss"] for r in remote] == pytest.approx([r["test_loss"] for r in local], rel=1e-6)
 
 
-def test_ensemble_sweep_saves_each_member_as_a_checkpoint(tmp_path):
+def test_ensemble_sweep_saves_each_member_as_a_checkpoint(local_sweep, tmp_path):
     spec_file = tmp_path / "s.toml"
     spec_file.write_text(SPEC.replace(', "lsa-gd-zucchet-icl"', "") + "ensemble = true\n")
     rows = run_sweep(load_spec(spec_file), tmp_path / "out", progress=False)
     assert [r["status"] for r in rows] == ["built (ensemble of 2)"] * 2
-    solo = run_sweep(load_spec(spec_file).model_copy(update={"ensemble": False}), tmp_path / "solo", progress=False)
-    assert [r["test_loss"] for r in rows] == pytest.approx([r["test_loss"] for r in solo], rel=1e-4)
+    solo = {r["run"]: r["test_loss"] for r in local_sweep[2]}  # the same seeds trained one by one
+    assert [r["test_loss"] for r in rows] == pytest.approx([solo[r["run"]] for r in rows], rel=1e-4)
     ckpt = zoo.load(str(tmp_path / "out" / "gated-rnn-zucchet-icl--seed1"))
     assert ckpt.provenance["ensemble"] == {"members": 2, "seeds": [0, 1]}
 
@@ -126,7 +130,7 @@ def test_a_sweep_run_validates_its_entry_once_and_builds_its_model_once(tmp_path
         calls["create_model"] += 1
         return create_model(*args, **kwargs)
 
-    spec = load_spec_text(tmp_path, 'name = "once"\nentries = ["lsa-d10-c10"]\nsteps = 2\n'
+    spec = load_spec_text(tmp_path, 'name = "once"\nentries = ["lsa-d10-c10"]\nsteps = 2\ngraphs = false\n'
                           f'seeds = {seeds}\nensemble = {str(ensemble).lower()}\n[grid]\n"source.batch_size" = [8]\n')
     zoo.get_entry("lsa-d10-c10")  # the registry itself is loaded (and validated) once per process, not per run
     monkeypatch.setattr(Entry, "model_validate", classmethod(counted_validate))
@@ -147,7 +151,7 @@ def test_ensemble_sweep_builds_constructed_and_unvmappable_entries_one_by_one(tm
     """`ensemble = true` over a mixed spec (the blogpost comparison): a constructed entry and an
     LSTM (fused kernels, no vmap rule) are built run by run instead of failing the sweep."""
     spec_file = tmp_path / "s.toml"
-    spec_file.write_text('name = "mixed"\nentries = ["lsa-gd-d10-c10", "lstm-d10-c10"]\nseeds = [0, 1]\nsteps = 2\n'
+    spec_file.write_text('name = "mixed"\nentries = ["lsa-gd-d10-c10", "lstm-d10-c10"]\nseeds = [0, 1]\nsteps = 2\ngraphs = false\n'
                          'ensemble = true\n')
     rows = run_sweep(load_spec(spec_file), tmp_path / "out", progress=False)
     assert [(r["entry"], r["status"]) for r in rows] == [("lsa-gd-d10-c10", "built")] + [("lstm-d10-c10", "built")] * 2
@@ -160,7 +164,7 @@ def test_an_ensemble_sweep_trains_a_recipe_that_skips_one_seed_at_a_time(tmp_pat
     from zoo.release import training_mode
 
     spec_file = tmp_path / "s.toml"
-    spec_file.write_text('name = "skips"\nentries = ["lsa-5l-d10-c10"]\nseeds = [0, 1]\nsteps = 2\nensemble = true\n')
+    spec_file.write_text('name = "skips"\nentries = ["lsa-5l-d10-c10"]\nseeds = [0, 1]\nsteps = 2\nensemble = true\ngraphs = false\n')
     rows = run_sweep(load_spec(spec_file), tmp_path / "out", progress=False)
     assert [r["status"] for r in rows] == ["built", "built"]
     assert training_mode("lsa-5l-d10-c10", "cuda")[0] is False
@@ -176,7 +180,7 @@ def test_task_variants_for_context_size_sweeps(tmp_path):
     assert spec.n_context == 4 and spec.splits["test"].sha256 is None and spec.splits["test"].seed == 101
     with pytest.raises(RegistryError, match="no such task field"):
         with_overrides(zoo.get_entry("lsa-gd-d10-c10"), {"task.context": 4})
-    ckpt = zoo.build(entry, tmp_path / "c4", progress=False)
+    ckpt = zoo.build(entry, tmp_path / "c4", progress=False, graphs=False)
     assert ckpt.metrics["test_loss"] == pytest.approx(ckpt.metrics["gd_loss"], rel=1e-4)
     assert zoo.load(str(tmp_path / "c4")).task.n_context == 4
     # a constructed entry whose construction no longer fits is refused before building

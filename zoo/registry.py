@@ -7,12 +7,13 @@ Every error names the file, the entry and the field.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Literal, Union, get_args
+from typing import Annotated, ClassVar, Literal, Union, get_args, get_type_hints
 
 from pydantic import (
     Discriminator,
@@ -30,6 +31,8 @@ from zoo.models import CONSTRUCTIONS, FAMILIES
 from zoo.models import construction_problem as family_construction_problem
 from zoo.names import safe_name
 from zoo.schema import Strict
+from zoo.tasks.regression import LinearRegressionTask
+from zoo.tasks.teacher import LSATeacherTask
 
 ENTRIES_DIR = Path(__file__).parent / "entries"
 KEBAB = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
@@ -47,60 +50,45 @@ class SplitSpec(Strict):
     sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")  # content hash the split must have
 
 
-class LinearRegressionSpec(Strict):
-    kind: Literal["linear_regression"]
+class _TaskEntry(Strict):
+    """What a `[tasks.NAME]` adds to its task's own parameters. The parameters (their types, defaults and
+    constraints) are declared once, on the task class, and read from it by `task_spec`."""
+
     description: str = ""
     paper: str = ""  # which paper's setting this is
-    d_x: int = Field(gt=0)  # input dimension (D)
-    d_y: int = Field(1, gt=0)  # output dimension
-    n_context: int = Field(gt=0)  # context examples before the query (C, or Zucchet's T)
-    x_dist: Literal["uniform", "normal"] = "uniform"
-    x_scale: float = Field(1.0, gt=0)  # U(−a, a) half-width, or the normal's std
-    w_std: float = Field(1.0, gt=0)  # W ~ N(0, w_std²) for training and the test split
-    layout: Literal["pairs", "interleaved", "products", "triples"] = "pairs"  # tokens, see tasks/regression.py
-    target: Literal["linear", "sine"] = "linear"  # y = W x, or Finn et al.'s y = A sin(x − φ) (1-D)
-    amplitude: tuple[float, float] = (0.1, 5.0)  # sine: A ~ U(range)
-    phase: tuple[float, float] = (0.0, 3.141592653589793)  # sine: φ ~ U(range)
     splits: dict[Literal["validation", "test"], SplitSpec]
+    task_class: ClassVar[type]
 
-    @model_validator(mode="after")
-    def _products_is_1d(self):
-        if self.layout == "products" and self.d_y != 1:
-            raise ValueError("layout 'products' (x_t y_t, x_{t+1}) needs d_y = 1")
-        if self.target == "sine" and (self.d_x, self.d_y) != (1, 1):
-            raise ValueError("target 'sine' is 1-D regression: d_x = d_y = 1")
-        return self
+    def task_parameters(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self.task_class)}
 
     def build(self):
-        from zoo.tasks.regression import LinearRegressionTask
+        return self.task_class(**self.task_parameters())
 
-        return LinearRegressionTask(
-            d_x=self.d_x, d_y=self.d_y, n_context=self.n_context,
-            x_scale=self.x_scale, w_std=self.w_std, x_dist=self.x_dist, layout=self.layout,
-            target=self.target, amplitude=tuple(self.amplitude), phase=tuple(self.phase),
-        )
+    @model_validator(mode="after")
+    def _the_task_accepts_it(self):
+        self.build()  # the task's own checks (e.g. 'products' needs d_y = 1): a ValueError names them
+        return self
 
 
-class LSATeacherSpec(Strict):
-    kind: Literal["lsa_teacher"]
-    description: str = ""
-    paper: str = ""
-    d: int = Field(gt=0)  # token and output dimension
-    seq_len: int = Field(32, gt=0)  # sequence length (every position is a target)
-    teacher_seed: int = 0  # seed of the teacher's W_V, W_K, W_Q
-    x_std: float = Field(1.0, gt=0)  # x_t ~ N(0, x_std² I)
-    w_std: float = Field(0.5, gt=0)  # teacher weights ~ N(0, w_std²)
-    splits: dict[Literal["validation", "test"], SplitSpec]
+def task_spec(task_class: type, kind: str, name: str) -> type[_TaskEntry]:
+    """The registry schema of tasks of `kind`: `task_class`'s dataclass fields (type hints with their
+    constraints, defaults) as pydantic fields, beside `kind`, description, paper and splits."""
+    hints = get_type_hints(task_class, include_extras=True)
+    fields = {f.name: (hints[f.name], ... if f.default is dataclasses.MISSING else f.default)
+              for f in dataclasses.fields(task_class)}
+    spec = create_model(name, __base__=_TaskEntry, __module__=__name__, kind=(Literal[kind], ...), **fields)
+    spec.task_class = task_class
+    return spec
 
+
+LinearRegressionSpec = task_spec(LinearRegressionTask, "linear_regression", "LinearRegressionSpec")
+
+
+class LSATeacherSpec(task_spec(LSATeacherTask, "lsa_teacher", "LSATeacherParameters")):
     @property
     def n_context(self) -> int:
         return self.seq_len - 1
-
-    def build(self):
-        from zoo.tasks.teacher import LSATeacherTask
-
-        return LSATeacherTask(d=self.d, seq_len=self.seq_len, teacher_seed=self.teacher_seed,
-                              x_std=self.x_std, w_std=self.w_std)
 
 
 TaskSpec = Annotated[Union[LinearRegressionSpec, LSATeacherSpec], Field(discriminator="kind")]

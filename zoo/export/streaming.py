@@ -35,7 +35,7 @@ from zoo.export.graph_files import check_graph_bytes, is_readout
 from zoo.locate import locate
 from zoo.manifest import CHUNK_FILE, STEP_FILE, CheckpointError, contained_file
 
-CHUNK = 1024  # most tokens per run of a chunk graph valid for any T: its outputs are buffered, the state is not
+RUN_TOKENS = 1024  # most tokens per run of a chunk graph valid for any T: its outputs are buffered, the state is not
 # The parallel chunk graph does O(T log T) work per stream against the scanned step graph's O(T); the
 # hoisted graph runs the step's own operators over all B·T tokens at once. Which is fastest depends on
 # the batch, the model and the machine, so the session measures (see _choose). PARALLEL_MAX_BATCH is
@@ -44,7 +44,7 @@ CHUNK = 1024  # most tokens per run of a chunk graph valid for any T: its output
 PARALLEL_MAX_BATCH = 8
 PARALLEL_TOKENS = 1024  # tokens per run of the parallel graph, over the whole batch
 PARALLEL_MIN_T = 8  # fewest tokens per stream per run for which the parallel graph is a candidate
-SCAN_TOKENS = 1 << 14  # tokens per run of the scanned step graph over the whole batch (at most CHUNK per stream)
+SCAN_TOKENS = 1 << 14  # tokens per run of the scanned step graph over the whole batch (at most RUN_TOKENS per stream)
 HOIST_TOKENS = (4096, 16384)  # tokens per run of the hoisted graph over the whole batch: each is probed
 CHUNK_GRAPHS = ("parallel", "scan", "hoisted")
 PROBE_SECONDS = 0.01  # each candidate is timed for at least this long per round (after one warm-up run)
@@ -403,7 +403,7 @@ class StreamingSession:
             if time != "any" and not (time.startswith("1..") and bound.isascii() and bound.isdigit()
                                       and len(bound) <= 9 and int(bound) >= 1):
                 raise StreamError(f"{self.chunk_path}: metadata icl_zoo.time = {time[:40]!r}; expected 'any' or '1..N'")
-            return session, CHUNK if time == "any" else int(bound)
+            return session, RUN_TOKENS if time == "any" else int(bound)
         import onnx
 
         from zoo.export.scan_graph import hoisted_step_graph, scan_step_graph
@@ -419,11 +419,11 @@ class StreamingSession:
         if graph is None:
             return None
         if kind == "scan":
-            return _open_graph(graph.SerializeToString(), where, self._options, self._providers), CHUNK
+            return _open_graph(graph.SerializeToString(), where, self._options, self._providers), RUN_TOKENS
         try:  # the hoisted graph is an optimisation: one that ONNX Runtime refuses, or that does not
             session = _open_graph(graph.SerializeToString(), where, self._options, self._providers)
             if self._agrees_with_scan(session):  # reproduce the scanned step graph, is simply not used
-                return session, 4 * CHUNK
+                return session, 4 * RUN_TOKENS
         except (StreamError, *_ORT_ERRORS):
             pass
         return None

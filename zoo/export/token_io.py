@@ -31,8 +31,8 @@ from typing import TextIO
 
 import numpy as np
 
-CHUNK = 1 << 16  # most tokens per stream per push when reading .npy files (the session cuts them into its own runs)
-CHUNK_VALUES = 1 << 20  # most values per push from a .npy file (4 MiB of float32): many streams get fewer tokens
+NPY_PUSH_TOKENS = 1 << 16  # most tokens per stream per push when reading .npy files (the session cuts them into its own runs)
+NPY_PUSH_VALUES = 1 << 20  # most values per push from a .npy file (4 MiB of float32): many streams get fewer tokens
 # A text token is d_in numbers; no number needs more than MAX_VALUE_CHARS characters ("-1.2345678901234567e-308"
 # takes 24), so a line longer than max_line_chars(d_in) is refused before the rest of it is read.
 MAX_VALUE_CHARS = 64
@@ -167,7 +167,7 @@ def iter_lines(lines, source: str, *, d_in: int | None, nan: str = "refuse") -> 
 
 
 def iter_array_chunks(source: str, *, d_in: int, nan: str = "refuse") -> tuple[tuple[int, int, int], Iterator[np.ndarray]]:
-    """(shape (B, T, d_in), chunks (B, ≤CHUNK, d_in)) of a .npy file, memory-mapped: constant memory at any length.
+    """(shape (B, T, d_in), chunks (B, ≤NPY_PUSH_TOKENS, d_in)) of a .npy file, memory-mapped: constant memory at any length.
     Each chunk is a view of one float32 buffer refilled for the next: use it (or copy it) before
     asking for the next one."""
     try:
@@ -180,7 +180,7 @@ def iter_array_chunks(source: str, *, d_in: int, nan: str = "refuse") -> tuple[t
     if arr.shape[2] != d_in:
         raise TokenError(f"{source}: tokens have {arr.shape[2]} values, the model takes d_in = {d_in}")
 
-    step = max(1, min(CHUNK, CHUNK_VALUES // max(1, arr.shape[0] * d_in)))  # many streams: fewer tokens per push
+    step = max(1, min(NPY_PUSH_TOKENS, NPY_PUSH_VALUES // max(1, arr.shape[0] * d_in)))  # many streams: fewer tokens per push
 
     def chunks():
         buffer = np.empty((arr.shape[0], step, d_in), np.float32)  # one buffer, refilled: no allocation per push

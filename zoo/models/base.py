@@ -141,6 +141,10 @@ class ConstructionRule:
         (None when it can); the registry calls it when it validates an entry.
     apply(model, task, source, validation_batch) -> sets the built model's weights and returns
         the hyper-parameters used (e.g. {"eta": …}), recorded in the checkpoint.
+
+    The math an `apply` calls has one shape in every family: `construct(model, <weights or rates>) ->
+    model`, writing the given model's weights in place and returning that model (construct_gd_lsa,
+    construct_gd_ssm, rnn_from_lsa, lstm_from_lsa, retention_from_lsa, construct_fast_weight).
     """
 
     problem: Callable[..., str | None]

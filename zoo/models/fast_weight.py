@@ -167,24 +167,34 @@ def _problem(construction: str, arch: FastWeightArch, task, source) -> str | Non
 
 
 @torch.no_grad()
-def construct_fast_weight(model: FastWeightRNN, task, construction: str, eta: float | str) -> dict:
+def construct_fast_weight(model: FastWeightRNN, task, construction: str, eta: float | str) -> FastWeightRNN:
+    """Set `model` to `construction` ("hebbian_gd" at a fixed η or η*_t per position, or "delta_rule" at
+    the online rate η) in place; returns it (as every construction does)."""
     model.u.copy_(torch.eye(task.d_x))
     model.v.copy_(torch.eye(task.d_y))
     if construction == "hebbian_gd" and eta == "analytic":
         model.d.copy_(torch.eye(task.d_y, dtype=torch.float64) / task.x_variance)
         model.offset.fill_(task.d_x - 2 + task.x_kurtosis)
-        return {"eta": task.analytic_eta(), "gd_steps": 1, "eta_per_position": True}  # η at the query: η*_C
+        return model
     model.d.copy_(torch.eye(task.d_y, dtype=torch.float64) * (eta if construction == "hebbian_gd" else 1.0))
-    if construction == "delta_rule":  # scored against one GD step at η* like any model; its own rate is the online one
+    if construction == "delta_rule":
         model.beta.fill_(eta)
-        return {"online_eta": float(eta)}
-    return {"eta": float(eta), "gd_steps": 1}
+    return model
+
+
+def _apply(construction: str, model: FastWeightRNN, task, source, validation_batch=None) -> dict:
+    construct_fast_weight(model, task, construction, source.eta)
+    if construction == "delta_rule":  # scored against one GD step at η* like any model; its own rate is the online one
+        return {"online_eta": float(source.eta)}
+    if source.eta == "analytic":
+        return {"eta": task.analytic_eta(), "gd_steps": 1, "eta_per_position": True}  # η at the query: η*_C
+    return {"eta": float(source.eta), "gd_steps": 1}
 
 
 def _rule(construction: str, description: str) -> ConstructionRule:
     return ConstructionRule(
         problem=functools.partial(_problem, construction),
-        apply=lambda model, task, source, validation_batch=None: construct_fast_weight(model, task, construction, source.eta),
+        apply=functools.partial(_apply, construction),
         description=description,
         knobs=GDRate,
     )

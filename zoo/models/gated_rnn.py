@@ -76,6 +76,10 @@ class GatedLinearRNN(ZooModel):
     def hidden(self) -> int:
         return self.w_m_in.shape[0]
 
+    @property
+    def gates(self) -> int:
+        return self.w_m_out.shape[0]
+
     def lam(self) -> torch.Tensor:
         return torch.exp(-torch.exp(self.nu))  # (n,) in [0, 1]
 
@@ -143,10 +147,23 @@ class GatedLinearRNN(ZooModel):
 
 
 # ---------------------------------------------------------------------------- LSA → RNN
+def rnn_size(d: int, compact: bool = False) -> dict[str, int]:
+    """The gated RNN that implements a d × d LSA layer: d² (compact: d(d+1)/2) key-value neurons and d
+    query neurons, d² gates."""
+    return {"hidden": (d * (d + 1) // 2 if compact else d * d) + d, "gates": d * d}
+
+
 @torch.no_grad()
-def rnn_from_lsa(w_v: torch.Tensor, w_k: torch.Tensor, w_q: torch.Tensor, readout, *, compact: bool = False) -> GatedLinearRNN:
+def rnn_from_lsa(model: GatedLinearRNN, w_v: torch.Tensor, w_k: torch.Tensor, w_q: torch.Tensor, *,
+                 compact: bool = False) -> GatedLinearRNN:
+    """Set `model` (diagonal, sized by `rnn_size(d, compact)`) to the RNN that computes the causal LSA
+    layer (W_V, W_K, W_Q) exactly, in place; returns it (as every construction does)."""
     d = w_v.shape[0]
     dtype = w_v.dtype
+    if model.recurrence != "diagonal" or {"hidden": model.hidden, "gates": model.gates} != rnn_size(d, compact):
+        raise ValueError(f"the {'compact' if compact else 'full'} construction for d = {d} needs a diagonal gated RNN "
+                         f"with {rnn_size(d, compact)}")
+    rnn = model
     if compact:
         if torch.linalg.matrix_rank(w_v) < d:
             raise ValueError("the compact construction needs an invertible W_V (use the full construction)")
@@ -157,9 +174,8 @@ def rnn_from_lsa(w_v: torch.Tensor, w_k: torch.Tensor, w_q: torch.Tensor, readou
         pairs = [(i, j) for i in range(d) for j in range(d)]
     kv_index = {p: n for n, p in enumerate(pairs)}
     n_kv = len(pairs)
-    hidden, gates = n_kv + d, d * d
-    rnn = GatedLinearRNN(d, d, readout, hidden=hidden, gates=gates).to(dtype)
-    zeros = torch.zeros_like
+    hidden = n_kv + d
+    zeros = lambda p: torch.zeros(p.shape, dtype=dtype)  # built in the weights' dtype, cast on copy
     w_m_in, w_x_in = zeros(rnn.w_m_in), zeros(rnn.w_x_in)
     nu = torch.full((hidden,), PERFECT_MEMORY, dtype=dtype)
     for (i, j), n in kv_index.items():
@@ -250,16 +266,16 @@ def _rnn_from_lsa_problem(arch: GatedRNNArch, task, source) -> str | None:
     d = lsa_width(task)
     if arch.recurrence != "diagonal":
         return "'rnn_from_lsa' needs arch type 'gated_rnn' with diagonal recurrence"
-    hidden = (d * (d + 1) // 2 if source.compact else d * d) + d
-    if arch.hidden != hidden or (arch.gates or arch.hidden) != d * d:
-        return f"the {'compact' if source.compact else 'full'} construction for d={d} needs hidden = {hidden} and gates = {d * d}"
+    size = rnn_size(d, source.compact)
+    if arch.hidden != size["hidden"] or (arch.gates or arch.hidden) != size["gates"]:
+        return (f"the {'compact' if source.compact else 'full'} construction for d={d} needs hidden = {size['hidden']} "
+                f"and gates = {size['gates']}")
     return None
 
 
 def _apply_rnn_from_lsa(model: GatedLinearRNN, task, source, validation_batch=None) -> dict:
     weights, info = implemented_lsa(task, source, validation_batch)
-    rnn = rnn_from_lsa(*weights, task.readout, compact=source.compact)
-    model.load_state_dict(rnn.state_dict())  # strict; casts the float64 construction to the model's dtype
+    rnn_from_lsa(model, *weights, compact=source.compact)  # the float64 construction, cast to the model's dtype
     return {**info, "compact": source.compact}
 
 

@@ -42,11 +42,12 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Callable, Literal, get_args
 
 import numpy as np
 import torch
+from annotated_types import Gt
 
 
 @dataclass(frozen=True)
@@ -100,19 +101,24 @@ class TaskBatch:
         return self.x[:, -1]
 
 
-LAYOUTS = ("pairs", "interleaved", "products", "triples")
+Layout = Literal["pairs", "interleaved", "products", "triples"]
+LAYOUTS = get_args(Layout)
+Positive = Annotated[int, Gt(0)]
 
 
 @dataclass(frozen=True)
 class LinearRegressionTask:
-    d_x: int
-    d_y: int
-    n_context: int
-    x_scale: float = 1.0
-    w_std: float = 1.0
-    x_dist: str = "uniform"  # "uniform" on (−x_scale, x_scale) or "normal" with std x_scale
-    layout: str = "pairs"  # how examples become tokens: "pairs" | "interleaved" | "products" | "triples"
-    target: str = "linear"  # "linear" (y = W x) or "sine" (y = A sin(x − φ), d_x = d_y = 1)
+    """The task's parameters, declared once: a registry `[tasks.NAME]` of kind "linear_regression" holds
+    exactly these fields (zoo.registry derives its schema, constraints included, from this class)."""
+
+    d_x: Positive  # input dimension (D)
+    d_y: Positive = 1  # output dimension
+    n_context: Positive = field(kw_only=True)  # context examples before the query (C, or Zucchet's T)
+    x_scale: Annotated[float, Gt(0)] = 1.0  # U(−a, a) half-width, or the normal's std
+    w_std: Annotated[float, Gt(0)] = 1.0  # W ~ N(0, w_std²) for training and the test split
+    x_dist: Literal["uniform", "normal"] = "uniform"  # "uniform" on (−x_scale, x_scale) or "normal" with std x_scale
+    layout: Layout = "pairs"  # how examples become tokens (module docstring)
+    target: Literal["linear", "sine"] = "linear"  # y = W x, or Finn et al.'s y = A sin(x − φ) (d_x = d_y = 1)
     amplitude: tuple[float, float] = (0.1, 5.0)  # sine: A ~ U(range)
     phase: tuple[float, float] = (0.0, math.pi)  # sine: φ ~ U(range)
 
