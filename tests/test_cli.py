@@ -129,7 +129,8 @@ def test_sweep_prints_each_run(tmp_path, capsys, monkeypatch):
     spec = sweep.SweepSpec.model_validate({"name": "t", "entries": ["lsa-d10-c10"], "seeds": [0, 1], "steps": 3})
     seen = []
 
-    def fake_group(runs, out_dir, steps, device, threads=None, compiled=False, track_alignment=False, progress=False):
+    def fake_group(runs, out_dir, steps, device, threads=None, compiled=False, track_alignment=False, progress=False,
+                   graphs=True):
         seen.append(progress)
         return [{"run": r.name, "entry": r.entry, "seed": r.seed, "status": "built", "steps": 3, "test_loss": 0.5,
                  "gd_loss": 0.25} for r in runs]

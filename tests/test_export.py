@@ -222,7 +222,7 @@ def _one_per_family(entries):
 
 # Families whose torch forward (the float64 reference) is quadratic or memory-heavy in T: 4,000 tokens
 # by default (still ≫ the chunk), 10,000 with -m slow.
-QUADRATIC_REFERENCE = {"lsa", "griffin", "mamba"}
+QUADRATIC_REFERENCE = {"lsa", "griffin", "mamba", "retention"}
 CHUNK_CASES = [
     pytest.param(e, 10_000 if e.arch.type not in QUADRATIC_REFERENCE else 4_000, id=e.arch.type)
     for e in _one_per_family([e for e in RECURRENT if not _ill_conditioned_in_fp32(e)])

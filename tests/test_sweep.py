@@ -275,7 +275,7 @@ def test_report_input_scales_and_weights_of_a_construction(tmp_path):
     weights are the construction's (Fig. 3): cosine 1, Λ = 1."""
     from zoo.builder import build
 
-    build("gd-ssm-gd-nd", tmp_path / "gd-ssm-gd-nd", progress=False)
+    build("gd-ssm-gd-nd", tmp_path / "gd-ssm-gd-nd", progress=False, graphs=False)
     rows = collect([tmp_path / "gd-ssm-gd-nd"], input_scales=[0.5, 2.0], weights=True)
     curve = rows[0]["input_scale_curve"]
     assert [p["input_scale"] for p in curve] == [0.5, 2.0]
