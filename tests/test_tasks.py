@@ -108,3 +108,20 @@ def test_token_layout_states_how_a_row_becomes_tokens(layout):
         moved = y.copy()
         moved[:, -1] += 1.0  # the query's y
         assert torch.equal(task.batch_from_arrays(batch.x, torch.from_numpy(moved)).tokens, batch.tokens)
+
+
+def test_baseline_losses_are_computed_per_split_and_rate():
+    """The evaluation's baselines are reused for the same data and rate only: equal to computing them
+    afresh, and a different split or rate gets its own."""
+    from zoo.evaluation import baseline_losses
+
+    task = LinearRegressionTask(d_x=3, d_y=1, n_context=6, layout="triples")
+    a, b = (task.sample(300, seed=s, dtype=torch.float64) for s in (1, 2))
+    eta = task.analytic_eta()
+    first = baseline_losses(task, a, eta)
+    assert first["gd_loss"] == task.loss(gd_predict(a, eta), a.query_targets).item()
+    assert first["lstsq_loss"] == task.loss(least_squares_predict(a), a.query_targets).item()
+    first["position"]["position_gd_loss"].append(0.0)  # the caller's copy: the cache is untouched
+    assert baseline_losses(task, a, eta) != first and len(baseline_losses(task, a, eta)["position"]["position_gd_loss"]) == 6
+    assert baseline_losses(task, b, eta)["gd_loss"] != first["gd_loss"]
+    assert baseline_losses(task, a, 2 * eta)["gd_loss"] == task.loss(gd_predict(a, 2 * eta), a.query_targets).item()
