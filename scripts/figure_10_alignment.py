@@ -10,7 +10,7 @@ prediction error is 0.2433 and its gradient error 0.1456 at D = 5, C = 2, and ½
 ½·E‖W‖²_F / D = 0.149 on the zoo's split. So the blogpost-unit columns are ½ × the zoo's prediction
 error / d_y and ½ × its gradient error / (d_y·D).
 
-    python scripts/figure_10_alignment.py runs/figure-10-d5 --out reports/blogpost-2024/figure-10/d5-5k-cpu
+    python scripts/figure_10_alignment.py runs/figure-10-d5 --out reports/blogpost-2024/generated/figure-10/d5-5k-cpu
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ Steps 2 and 3 are the zoo's procedure, not the paper's. The defaults keep the si
 compact construction (d(d+1)/2 memory + d query neurons = 14 for d = 4, the paper's 14 hidden
 neurons; d² = 16 gates, where the paper's pruned student keeps 13).
 
-    python scripts/figure_2_prune_finetune.py [ENTRY_OR_FOLDER] --out reports/zucchet-2023/figure-2/<name>
+    python scripts/figure_2_prune_finetune.py [ENTRY_OR_FOLDER] --out reports/zucchet-2023/generated/figure-2/<name>
         [--hidden 14 | --by-lambda] [--gates 16] [--steps 20000] [--lr 1e-4] [--prompts 1024] [--compile]
 
 Writes results.json (every stage's metrics and the pruning curve), pruning.png (loss against

@@ -11,7 +11,7 @@ Reads a report's results.json (`zoo report <sweep folder> --out <folder>` on a s
 `arch.hidden`, e.g. sweeps/figure-3a.toml or sweeps/figure-3b-small.toml); the neuron count is
 parsed from the run name (`--hidden=<n>`).
 
-    python scripts/figure_3_size_sweep.py reports/zucchet-2023/figure-3b/below-16-100k-cpu/results.json --panel b --plot out.png
+    python scripts/figure_3_size_sweep.py reports/zucchet-2023/generated/figure-3b/below-16-100k-cpu/results.json --panel b --plot out.png
 """
 
 from __future__ import annotations
