@@ -25,7 +25,7 @@ def test_plan_measures_eager_and_compiled_and_totals_them(capsys):
     assert "whole zoo" in out and f"{total:.2f}" in out.splitlines()[-1]
 
 
-def test_release_build_trains_compiled_within_its_budget_and_constructs(tmp_path, capsys):
+def test_release_build_trains_compiled_within_its_budget_and_constructs(tmp_path, capsys, monkeypatch):
     """A budgeted CPU build: the trained entry runs compiled for the steps its measured (compiled) rate
     affords, says so in its provenance and index row; the constructed one is built as always. A build in
     one process shows each entry's name and its training's step bar."""
@@ -37,8 +37,15 @@ def test_release_build_trains_compiled_within_its_budget_and_constructs(tmp_path
     assert config["provenance"]["compiled"] is True and config["provenance"]["steps"] == trained["steps"]
     assert constructed["source"] == "constructed" and constructed["verdict"].startswith("meets")
     capsys.readouterr()
+    import zoo.builder
+    import zoo.models
+
+    made, create_model = [], zoo.models.create_model
+    for module in (zoo.models, zoo.builder):  # every name the build reaches create_model by
+        monkeypatch.setattr(module, "create_model", lambda *a, **k: made.append(1) or create_model(*a, **k))
     eager = release.build_release(tmp_path / "eager", only=["fast-weight-triples"], time_budget=1, device="cpu",
                                   progress=True, compiled=False)
+    assert len(made) == 2  # the seed's model, which decides the training mode and is trained, and the rate probe's
     shown = capsys.readouterr()
     assert "building fast-weight-triples" in shown.out
     steps = eager["entries"]["fast-weight-triples"]["steps"]

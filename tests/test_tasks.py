@@ -47,7 +47,9 @@ def test_analytic_eta_minimises_the_sampled_loss():
     for task in [LinearRegressionTask(d_x=10, d_y=1, n_context=10), LinearRegressionTask(d_x=4, d_y=1, n_context=20, x_dist="normal")]:
         b = task.sample(200_000, seed=3, dtype=torch.float64)
         emp = empirical_eta(b)
-        ls = line_search_eta(lambda e: task.loss(gd_predict(b, e), b.targets).item(), 0, 3 * task.analytic_eta())
+        unit = gd_predict(b, 1.0)  # one step from W = 0 is linear in η: ŷ(η) = η ŷ(1)
+        assert torch.allclose(gd_predict(b, 0.5), 0.5 * unit)
+        ls = line_search_eta(lambda e: task.loss(e * unit, b.targets).item(), 0, 3 * task.analytic_eta())
         assert emp == pytest.approx(task.analytic_eta(), rel=0.02)
         assert ls == pytest.approx(emp, rel=1e-4)
 

@@ -74,7 +74,8 @@ def resolve(path_or_repo: str | Path, *, revision: str | None = None, endpoint: 
 
 
 # ---------------------------------------------------------------- build
-def measure_rate(name: str, device: str, steps: int = PROBE_STEPS, *, compiled: bool = False) -> float:
+def measure_rate(name: str, device: str, steps: int = PROBE_STEPS, *, compiled: bool = False,
+                 graphed: bool | None = None) -> float:
     """Training steps per second of entry `name` at its recipe's batch on `device`, trained the way the
     build will train it (`training_mode`: on a GPU a one-member ensemble replayed as a CUDA graph, else
     one model, compiled with `compiled`): a short run timed after its warm-up steps (compilation, the
@@ -87,7 +88,8 @@ def measure_rate(name: str, device: str, steps: int = PROBE_STEPS, *, compiled: 
     from zoo.train import WARMUP_STEPS, train
 
     entry, _, task, validation, _, _ = _prepare(name, None)
-    graphed, compiled = training_mode(name, device, compiled)
+    if graphed is None:  # else the caller decided the mode (`compiled` is then the decision, not a wish)
+        graphed, compiled = training_mode(name, device, compiled)
     recipe = entry.source.model_copy(update={"eval_every": 10**9, "checkpoint_every": 10**9})
     with tempfile.TemporaryDirectory() as tmp:
         if graphed:
@@ -100,24 +102,26 @@ def measure_rate(name: str, device: str, steps: int = PROBE_STEPS, *, compiled: 
     return result.steps_per_second
 
 
-def run_length(name: str, device: str, time_budget: float | None, compiled: bool = False) -> tuple[int, float | None]:
+def run_length(name: str, device: str, time_budget: float | None, compiled: bool = False,
+               graphed: bool | None = None) -> tuple[int, float | None]:
     """(steps, measured steps/s): the recipe's steps, or fewer when they do not fit `time_budget` seconds."""
     recipe_steps = get_entry(name).source.steps
     if time_budget is None:
         return recipe_steps, None
-    rate = measure_rate(name, device, compiled=compiled)
+    rate = measure_rate(name, device, compiled=compiled, graphed=graphed)
     affordable = max(MIN_STEPS, int(time_budget * rate) // 100 * 100)
     return min(recipe_steps, affordable), rate
 
 
-def training_mode(name: str, device: str, compiled: bool = True) -> tuple[bool, bool]:
+def training_mode(name: str, device: str, compiled: bool = True, model=None) -> tuple[bool, bool]:
     """(graphed, compiled): how the release build trains entry `name` on `device`, one seed at a
-    time: zoo.train.training_mode on its untrained model (the rule `zoo build` and `zoo sweep` use)."""
+    time: zoo.train.training_mode on its untrained `model` (built here when not given; the rule
+    `zoo build` and `zoo sweep` use)."""
     from zoo.models import create_model
     from zoo.train import training_mode as mode_of
 
     entry = get_entry(name)
-    model = create_model(entry.arch, get_task_spec(entry.task).build())
+    model = model if model is not None else create_model(entry.arch, get_task_spec(entry.task).build())
     mode = mode_of(model, entry.source, device, compile=compiled)
     return mode.graphed, mode.compiled
 
@@ -140,7 +144,7 @@ def build_entry(name: str, root: Path, *, time_budget: float | None, device: str
     A trained entry that does not run as a CUDA-graph ensemble trains compiled (`compiled`)."""
     import torch
 
-    from zoo.builder import build, build_ensemble, claim_run_dir, read_run_record
+    from zoo.builder import build, build_ensemble, claim_run_dir, read_run_record, untrained_model
     from zoo.train import default_device, flush_denormals_in_this_process
 
     flush_denormals_in_this_process()  # a worker process: before its first op starts torch's threads
@@ -152,8 +156,11 @@ def build_entry(name: str, root: Path, *, time_budget: float | None, device: str
     started = time.perf_counter()
     steps, rate = None, None
     if entry.source.kind == "trained":
-        graphed, compiled = training_mode(name, device, compiled)
-        steps, rate = run_length(name, device, time_budget, compiled=compiled)
+        # One untrained model (the seed's) decides the training mode and is the one trained; a time budget
+        # times a second, throw-away one (measure_rate)
+        model = untrained_model(entry, entry.source.seed)
+        graphed, compiled = training_mode(name, device, compiled, model=model)
+        steps, rate = run_length(name, device, time_budget, compiled=compiled, graphed=graphed)
         # The run record (zoo.builder.claim_run_dir's schema): a resumed build continues the same run
         # length for the same definition; another definition's, a corrupt one or a forced rebuild starts afresh.
         previous = read_run_record(work)
@@ -165,9 +172,10 @@ def build_entry(name: str, root: Path, *, time_budget: float | None, device: str
         # what else an interrupted build left there (another definition's checkpoint) is replaced
         if graphed:  # zoo/ensemble.py
             build_ensemble(name, [entry.source.seed], [work / "ckpt"], run_dir=work / "ensemble", steps=steps,
-                           device=device, progress=progress, force=True)
+                           device=device, progress=progress, force=True, first=model)
         else:
-            build(name, work / "ckpt", steps=steps, device=device, progress=progress, compiled=compiled, force=True)
+            build(name, work / "ckpt", steps=steps, device=device, progress=progress, compiled=compiled, force=True,
+                  model=model)
     else:
         build(name, work / "ckpt", progress=progress, force=True)
     seconds = time.perf_counter() - started
