@@ -233,7 +233,7 @@ def _onnx_in_folder(folder: Path, where: str) -> Candidate:
 
 def _from_text(text: str, *, revision: str | None, endpoint: str | None) -> Candidate:
     """An ONNX file, a folder or Hub repo holding one, or a zoo checkpoint (folder, Hub repo, released entry)."""
-    import zoo
+    from zoo.loading import load
     from zoo.locate import resolve_folder
     from zoo.manifest import CONFIG
 
@@ -246,15 +246,15 @@ def _from_text(text: str, *, revision: str | None, endpoint: str | None) -> Cand
                                  "torch modules and functions")
         return onnx_candidate(path.read_bytes(), text)
     if path.is_dir():
-        return checkpoint_candidate(zoo.load(path), text) if (path / CONFIG).is_file() else _onnx_in_folder(path, text)
+        return checkpoint_candidate(load(path), text) if (path / CONFIG).is_file() else _onnx_in_folder(path, text)
     if "/" not in text:  # a released entry (or the registry's error for an unknown name)
-        return checkpoint_candidate(zoo.load(text, revision=revision, endpoint=endpoint), text)
+        return checkpoint_candidate(load(text, revision=revision, endpoint=endpoint), text)
     with tempfile.TemporaryDirectory(prefix="icl-zoo-benchmark-") as tmp:  # nothing of the repo stays behind
         folder = resolve_folder(text, revision=revision, endpoint=endpoint, cache_dir=tmp,
                                 allow_patterns=[CONFIG, "*.onnx"])
         if not (folder / CONFIG).is_file():
             return _onnx_in_folder(folder, f"{text}@{revision or 'main'}")
-    return checkpoint_candidate(zoo.load(text, revision=revision, endpoint=endpoint), text)
+    return checkpoint_candidate(load(text, revision=revision, endpoint=endpoint), text)
 
 
 def as_candidate(model, *, name: str | None = None, readout=None, revision: str | None = None,
