@@ -220,11 +220,11 @@ def test_sine_tasks_are_sine_waves_in_their_ranges():
 
 
 def test_nonlinear_gd_ssm_is_not_constructible():
-    from zoo.models.gd_ssm import construction_problem
+    from zoo.models.gd_ssm import shape_problem
 
     dims = {"window": 3, "n_layers": 1, "value_dim": 1, "key_dim": 1, "embed": 16, "mlp": 32}
-    assert "no input embedding" in construction_problem(dims, "interleaved", 1, 1)
-    assert construction_problem({**dims, "embed": None}, "interleaved", 1, 1) is None  # the gated unit is trained on top
+    assert "no input embedding" in shape_problem(dims, "interleaved", 1, 1)
+    assert shape_problem({**dims, "embed": None}, "interleaved", 1, 1) is None  # the gated unit is trained on top
 
 
 def test_training_from_the_construction_with_frozen_layers(tmp_path):

@@ -28,7 +28,7 @@ from pydantic import (
 )
 
 from zoo.models import CONSTRUCTIONS, FAMILIES
-from zoo.models import construction_problem as family_construction_problem
+from zoo.models import construction_problem
 from zoo.names import safe_name
 from zoo.schema import Strict
 from zoo.tasks.regression import LinearRegressionTask
@@ -394,12 +394,6 @@ def initial_construction(entry: Entry) -> Entry:
     return entry.model_copy(update={"source": source(kind="constructed", construction=entry.source.init, **knobs)})
 
 
-def construction_problem(entry: Entry, task: TaskSpec) -> str | None:
-    """Why an entry's construction cannot apply to its arch/task (None when it can): the rule of
-    the family that declares the construction."""
-    return family_construction_problem(entry.arch, task, entry.source)
-
-
 def _format_errors(file: Path, kind: str, name: str, err: ValidationError) -> str:
     lines = []
     for e in err.errors():
@@ -499,7 +493,7 @@ def load_registry(directory: Path = ENTRIES_DIR) -> Registry:
         if entry.task not in tasks:
             errors.append(f"{entry.file}: entry '{entry.name}': field 'task': unknown task {entry.task!r}")
         elif entry.source.kind == "constructed":
-            problem = construction_problem(entry, tasks[entry.task])
+            problem = construction_problem(entry.arch, tasks[entry.task], entry.source)
             if problem:
                 errors.append(f"{entry.file}: entry '{entry.name}': field 'source.construction': {problem}")
         elif entry.source.init:
@@ -507,7 +501,7 @@ def load_registry(directory: Path = ENTRIES_DIR) -> Registry:
                 errors.append(f"{entry.file}: entry '{entry.name}': field 'source.init_eta': "
                               f"'{entry.source.init}' takes no eta")
                 continue
-            problem = construction_problem(initial_construction(entry), tasks[entry.task])
+            problem = construction_problem(entry.arch, tasks[entry.task], initial_construction(entry).source)
             if problem:
                 errors.append(f"{entry.file}: entry '{entry.name}': field 'source.init': {problem}")
     if errors:
@@ -597,7 +591,7 @@ def with_overrides(entry: Entry, overrides: dict[str, object]) -> Entry:
     except ValidationError as e:
         raise RegistryError(_format_errors(Path(entry.file), "entry", entry.name, e)) from None
     if new.source.kind == "constructed":
-        problem = construction_problem(new, default_registry().task(new.task))
+        problem = construction_problem(new.arch, default_registry().task(new.task), new.source)
         if problem:
             raise RegistryError(f"{entry.file}: entry '{entry.name}' with {overrides}: {problem}")
     return new

@@ -267,7 +267,7 @@ def state_dims(value_dim: int | None, key_dim: int | None, layout: str, d_x: int
 # At a y token the middle slot is an x token whose y-channels are zero, and the oldest slot a
 # y token whose x-channels are zero, so nothing spurious is accumulated. At the query,
 # M_L = W_L of L GD steps on the whole context (with ridge ρ: A.4).
-def construction_problem(model_dims: dict, layout: str, d_x: int, d_y: int) -> str | None:
+def shape_problem(model_dims: dict, layout: str, d_x: int, d_y: int) -> str | None:
     """Why the GD construction cannot apply (None when it can). `model_dims`: window, n_layers,
     value_dim, key_dim (None: the task's default), embed."""
     w, layers = model_dims["window"], model_dims["n_layers"]
@@ -291,7 +291,7 @@ def construction_problem(model_dims: dict, layout: str, d_x: int, d_y: int) -> s
 
 @torch.no_grad()
 def construct_gd_ssm(model: GDSSM, layout: str, d_x: int, d_y: int, eta: float) -> GDSSM:
-    problem = construction_problem(
+    problem = shape_problem(
         {"window": model.window, "n_layers": len(model.layers), "value_dim": model.value_dim, "key_dim": model.key_dim,
          "embed": model.embed is not None},
         layout, d_x, d_y,
@@ -385,7 +385,7 @@ def build(arch: GDSSMArch, task) -> GDSSM:
 def _gd_ssm_problem(arch: GDSSMArch, task, source) -> str | None:
     if task.kind != "linear_regression":
         return "'gd_ssm' needs arch type 'gd_ssm' on a linear_regression task"
-    return construction_problem(arch.model_dump(), task.layout, task.d_x, task.d_y)
+    return shape_problem(arch.model_dump(), task.layout, task.d_x, task.d_y)
 
 
 def _apply_gd_ssm(model: GDSSM, task, source, validation_batch=None) -> dict:
