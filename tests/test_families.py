@@ -299,7 +299,7 @@ def test_every_arch_type_has_a_toy_entry():
 def test_every_family_trains_saves_and_reloads_at_toy_size(name, tmp_path):
     """Three optimiser steps through the real `build` path: training, evaluation, model card; then a
     strict, hash-checked reload gives the same predictions. One entry per arch type, picked by
-    `_toy_entries`. Without ONNX graphs (`graphs=False`: the export was ~90% of this test's time):
+    `_toy_entries`. Without ONNX graphs (`graphs=False`: the export was over 90% of this test's time):
     every arch's graphs are exported and checked against torch in test_export.py and
     test_recurrence.py, and `build`'s graph writing in test_checkpoint.py and the release tests."""
     import zoo

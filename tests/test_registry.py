@@ -94,6 +94,21 @@ def test_bad_task_field_and_bad_toml(tmp_path):
         load_registry(tmp_path)
 
 
+@pytest.mark.parametrize("task, message", [
+    (GOOD_TASK.replace("d_x = 2", "d_x = 2\nd_y = 2\nlayout = \"products\""), "needs d_y = 1"),  # the task class's own check
+    (GOOD_TASK.replace("d_x = 2", "d_x = 2\ntarget = \"sine\""), "sine-wave tasks are 1-D"),
+    (GOOD_TASK.replace("n_context = 4\n", ""), "field 'n_context': Field required"),
+    (GOOD_TASK.replace("d_x = 2", "d_x = 2\nlayout = \"rows\""), "field 'layout'"),
+    ("[tasks.t]\nkind = \"lsa_teacher\"\nd = 3\nx_std = 0\n[tasks.t.splits.test]\nseed = 1\n", "field 'x_std': Input should be greater than 0"),
+])
+def test_task_fields_are_checked_as_the_task_class_declares_them(tmp_path, task, message):
+    """A task's schema comes from its class (types, constraints, defaults, its own checks): each error
+    names the file, the task and the field."""
+    write(tmp_path, task)
+    with pytest.raises(RegistryError, match=f"fam.toml: task 't': .*{message}"):
+        load_registry(tmp_path)
+
+
 def test_a_deviation_names_the_entry_with_the_papers_recipe():
     from zoo.registry import get_entry
 

@@ -47,10 +47,7 @@ def query_jacobian_autograd(model, tokens: torch.Tensor, query_channels: tuple[i
     independent, so the gradient of Σ_n ŷ_n,j gives every task's row j at once."""
     start, stop = query_channels
     tokens = tokens.detach().clone().requires_grad_(True)
-    pred = model.predict_query(tokens)  # (n, d_y)
-    rows = [torch.autograd.grad(pred[:, j].sum(), tokens, retain_graph=j + 1 < pred.shape[1])[0][:, -1, start:stop]
-            for j in range(pred.shape[1])]
-    return torch.stack(rows, dim=1)
+    return _jacobian_rows(model.predict_query(tokens), tokens)[:, :, -1, start:stop]
 
 
 def query_jacobian_by_step(model, tokens: torch.Tensor, query_channels: tuple[int, int]) -> torch.Tensor:
@@ -63,9 +60,13 @@ def query_jacobian_by_step(model, tokens: torch.Tensor, query_channels: tuple[in
         _, state = model.forward_chunk(tokens[:, :-1], None)  # the state after the context
     query = tokens[:, -1].detach().clone().requires_grad_(True)  # (n, d)
     out, _ = model.step(query, state)
-    pred = model.readout.channels(out)  # (n, d_y)
-    rows = [torch.autograd.grad(pred[:, j].sum(), query, retain_graph=j + 1 < pred.shape[1])[0][:, start:stop]
-            for j in range(pred.shape[1])]
+    return _jacobian_rows(model.readout.channels(out), query)[:, :, start:stop]
+
+
+def _jacobian_rows(pred: torch.Tensor, wrt: torch.Tensor) -> torch.Tensor:
+    """(n, d_y, *wrt.shape[1:]): ∂pred[n, j]/∂wrt[n] for predictions (n, d_y) of independent tasks, one
+    backward pass per output j (the gradient of Σ_n pred[n, j] is every task's row j at once)."""
+    rows = [torch.autograd.grad(pred[:, j].sum(), wrt, retain_graph=j + 1 < pred.shape[1])[0] for j in range(pred.shape[1])]
     return torch.stack(rows, dim=1)
 
 
@@ -154,30 +155,36 @@ def evaluate_regression(model, task: LinearRegressionTask, batch: TaskBatch, *, 
         "n_tasks": int(tokens.shape[0]),
     }
     if task.every_position:
-        metrics.update(position_curves(model, task, tokens, b64))
+        metrics.update(position_curves(model, tokens, b64, baselines["position"]))
     return metrics
 
 
-_BASELINES: dict[tuple, dict] = {}  # the last few splits' baseline losses (a release scores many entries per split)
+_BASELINES: dict[tuple, dict] = {}  # the last few splits' baselines (a release scores many entries per split)
 
 
 def baseline_losses(task: LinearRegressionTask, b64: TaskBatch, eta: float, gd_steps: int = 1, ridge: float = 0.0) -> dict:
     """GD's and least squares' losses on the tasks of `b64` (and, where every position predicts, their
-    curves against position): they depend on the split, not the model, so they are computed once per
-    (task, data, η, steps, ridge) in a process, the data identified by its bytes' digest."""
+    curves against position, `position_baselines`): they depend on the split, not the model, so each is
+    computed once per split in a process (the data identified by its bytes' digest), GD's once per
+    (η, steps, ridge)."""
     import hashlib
 
     digest = hashlib.blake2b(b64.x.numpy().tobytes() + b64.y.numpy().tobytes(), digest_size=16).hexdigest()
-    key = (task, digest, float(eta), gd_steps, float(ridge))
-    if key not in _BASELINES:
-        out = {"gd_loss": task.loss(gd_predict(b64, eta, gd_steps, ridge), b64.query_targets).item(),
-               "lstsq_loss": task.loss(least_squares_predict(b64), b64.query_targets).item()}
+    split = _BASELINES.pop((task, digest), None)
+    if split is None:
+        split = {"lstsq_loss": task.loss(least_squares_predict(b64), b64.query_targets).item()}
         if task.every_position:
-            out["position"] = position_baselines(task, b64)
-        while len(_BASELINES) >= 8:
-            _BASELINES.pop(next(iter(_BASELINES)))
-        _BASELINES[key] = out
-    return copy.deepcopy(_BASELINES[key])  # the caller's own lists
+            split["position"] = position_baselines(task, b64)
+    _BASELINES[task, digest] = split  # the most recently used last
+    while len(_BASELINES) > 8:
+        _BASELINES.pop(next(iter(_BASELINES)))
+    gd = ("gd_loss", float(eta), gd_steps, float(ridge))
+    if gd not in split:
+        split[gd] = task.loss(gd_predict(b64, eta, gd_steps, ridge), b64.query_targets).item()
+    out = {"gd_loss": split[gd], "lstsq_loss": split["lstsq_loss"]}
+    if "position" in split:
+        out["position"] = copy.deepcopy(split["position"])  # the caller's own lists
+    return out
 
 
 def alignment(pred: torch.Tensor, sens: torch.Tensor, b64: TaskBatch, eta: float, gd_steps: int = 1,
@@ -239,13 +246,13 @@ def gd_rate_curve(model, task: LinearRegressionTask, batch: TaskBatch, etas: lis
             "analytic_eta": task.analytic_eta()}
 
 
-def position_curves(model, task: LinearRegressionTask, tokens: torch.Tensor, b64: TaskBatch) -> dict:
+def position_curves(model, tokens: torch.Tensor, b64: TaskBatch, baselines: dict) -> dict:
     """Loss against position for a model that predicts y_{t+1} after every example t = 1..C, beside
     the baselines on the same prefix: one GD step at η*_t (optimal per position) and at the query's
     η*_C (one fixed rate), online GD (the delta rule) at η = 1/(σ_x² d_x), and least squares."""
     with torch.no_grad():
         pred = torch.cat([model.predict(chunk) for chunk in tokens.split(TASKS_PER_PASS)])  # (N, C, d_y)
-    return {"position_loss": position_loss(pred, b64), **baseline_losses(task, b64, task.analytic_eta())["position"]}
+    return {"position_loss": position_loss(pred, b64), **baselines}  # baselines: `position_baselines(task, b64)`
 
 
 def position_loss(pred: torch.Tensor, b64: TaskBatch) -> list[float]:

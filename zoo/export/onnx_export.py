@@ -125,9 +125,10 @@ def _metadata(path: Path, props: dict) -> None:
     m = onnx.load(str(path))
     m.doc_string = contract(props)
     props = {**props, "contract_version": CONTRACT_VERSION}
-    kept = [p for p in m.metadata_props if not p.key.startswith("icl_zoo.")]  # a chunk graph scanned from a
-    del m.metadata_props[:]                                                     # step graph carries its keys:
-    m.metadata_props.extend(kept)                                               # each key once, this graph's
+    # A chunk graph scanned from a step graph arrives with the step graph's keys: this graph's replace them.
+    kept = [p for p in m.metadata_props if not p.key.startswith("icl_zoo.")]
+    del m.metadata_props[:]
+    m.metadata_props.extend(kept)
     for key, value in props.items():
         entry = m.metadata_props.add()
         entry.key = f"icl_zoo.{key}"
@@ -255,7 +256,7 @@ def save_checkpoint(ckpt, folder: Path, *, keep: Callable[[str], bool] = not_zoo
     the entries `keep(name)` accepts and the new save did not write are copied over (by default everything
     but the zoo's own files: as when saves were written in place); `keep=lambda name: False` replaces
     the folder entirely. `graphs=False` writes no ONNX graph (`zoo export FOLDER` adds them later): the
-    export is most of a short run's time (a toy build: ~90%)."""
+    export is most of a short run's time (a 3-step build of s5-1d on one thread: 22.3 s with, 0.6 s without)."""
 
     def write(staged: Path) -> None:
         ckpt.save_files(staged, graphs=export_checkpoint_graphs if graphs else None)

@@ -163,7 +163,6 @@ def rnn_from_lsa(model: GatedLinearRNN, w_v: torch.Tensor, w_k: torch.Tensor, w_
     if model.recurrence != "diagonal" or {"hidden": model.hidden, "gates": model.gates} != rnn_size(d, compact):
         raise ValueError(f"the {'compact' if compact else 'full'} construction for d = {d} needs a diagonal gated RNN "
                          f"with {rnn_size(d, compact)}")
-    rnn = model
     if compact:
         if torch.linalg.matrix_rank(w_v) < d:
             raise ValueError("the compact construction needs an invertible W_V (use the full construction)")
@@ -174,17 +173,16 @@ def rnn_from_lsa(model: GatedLinearRNN, w_v: torch.Tensor, w_k: torch.Tensor, w_
         pairs = [(i, j) for i in range(d) for j in range(d)]
     kv_index = {p: n for n, p in enumerate(pairs)}
     n_kv = len(pairs)
-    hidden = n_kv + d
     zeros = lambda p: torch.zeros(p.shape, dtype=dtype)  # built in the weights' dtype, cast on copy
-    w_m_in, w_x_in = zeros(rnn.w_m_in), zeros(rnn.w_x_in)
-    nu = torch.full((hidden,), PERFECT_MEMORY, dtype=dtype)
+    w_m_in, w_x_in = zeros(model.w_m_in), zeros(model.w_x_in)
+    nu = torch.full((model.hidden,), PERFECT_MEMORY, dtype=dtype)
     for (i, j), n in kv_index.items():
         w_m_in[n, :d], w_x_in[n, :d] = w_v[i], w_k[j]
     for j in range(d):
         w_m_in[n_kv + j, :d] = w_q[j]
         w_x_in[n_kv + j, d] = 1.0  # the appended constant input
         nu[n_kv + j] = PERFECT_FORGET
-    w_m_out, w_x_out, readout_matrix = zeros(rnn.w_m_out), zeros(rnn.w_x_out), zeros(rnn.readout_matrix)
+    w_m_out, w_x_out, readout_matrix = zeros(model.w_m_out), zeros(model.w_x_out), zeros(model.readout_matrix)
     for i in range(d):
         for j in range(d):
             g = i * d + j
@@ -193,8 +191,8 @@ def rnn_from_lsa(model: GatedLinearRNN, w_v: torch.Tensor, w_k: torch.Tensor, w_
             readout_matrix[i, g] = 1.0
     for name, value in dict(w_m_in=w_m_in, w_x_in=w_x_in, nu=nu, w_m_out=w_m_out, w_x_out=w_x_out,
                             readout_matrix=readout_matrix).items():
-        getattr(rnn, name).copy_(value)
-    return rnn
+        getattr(model, name).copy_(value)
+    return model
 
 
 # ---------------------------------------------------------------------------- pruning

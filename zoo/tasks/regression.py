@@ -103,7 +103,8 @@ class TaskBatch:
 
 Layout = Literal["pairs", "interleaved", "products", "triples"]
 LAYOUTS = get_args(Layout)
-Positive = Annotated[int, Gt(0)]
+Positive = Annotated[int, Gt(0)]  # constraints the registry schema (zoo.registry.task_spec) reads
+PositiveFloat = Annotated[float, Gt(0)]
 
 
 @dataclass(frozen=True)
@@ -114,8 +115,8 @@ class LinearRegressionTask:
     d_x: Positive  # input dimension (D)
     d_y: Positive = 1  # output dimension
     n_context: Positive = field(kw_only=True)  # context examples before the query (C, or Zucchet's T)
-    x_scale: Annotated[float, Gt(0)] = 1.0  # U(−a, a) half-width, or the normal's std
-    w_std: Annotated[float, Gt(0)] = 1.0  # W ~ N(0, w_std²) for training and the test split
+    x_scale: PositiveFloat = 1.0  # U(−a, a) half-width, or the normal's std
+    w_std: PositiveFloat = 1.0  # W ~ N(0, w_std²) for training and the test split
     x_dist: Literal["uniform", "normal"] = "uniform"  # "uniform" on (−x_scale, x_scale) or "normal" with std x_scale
     layout: Layout = "pairs"  # how examples become tokens (module docstring)
     target: Literal["linear", "sine"] = "linear"  # y = W x, or Finn et al.'s y = A sin(x − φ) (d_x = d_y = 1)

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Annotated
 
 import torch
-from annotated_types import Gt
 
-from zoo.tasks.regression import Readout
+from zoo.tasks.regression import Positive, PositiveFloat, Readout
 
 
 @dataclass
@@ -40,11 +38,11 @@ class LSATeacherTask:
     """The task's parameters, declared once: a registry `[tasks.NAME]` of kind "lsa_teacher" holds exactly
     these fields (zoo.registry derives its schema from this class)."""
 
-    d: Annotated[int, Gt(0)]  # token and output dimension
-    seq_len: Annotated[int, Gt(0)] = 32  # sequence length (every position is a target)
+    d: Positive  # token and output dimension
+    seq_len: Positive = 32  # sequence length (every position is a target)
     teacher_seed: int = 0  # seed of the teacher's W_V, W_K, W_Q
-    x_std: Annotated[float, Gt(0)] = 1.0  # x_t ~ N(0, x_std² I)
-    w_std: Annotated[float, Gt(0)] = 0.5  # teacher weights ~ N(0, w_std²)
+    x_std: PositiveFloat = 1.0  # x_t ~ N(0, x_std² I)
+    w_std: PositiveFloat = 0.5  # teacher weights ~ N(0, w_std²)
 
     @property
     def token_dim(self) -> int:
