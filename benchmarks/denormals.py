@@ -9,7 +9,7 @@ matmul that reads them slows down. The checkpoint is the released ENTRY (default
 gated-rnn-zucchet-icl), or with --revision the folder the release held at that git revision (e.g.
 fe77cf1~1, whose 58,400-step gated-rnn-zucchet-icl, built before training flushed, kept 75% of its
 weights denormal). It prints the fraction of denormal weights, then the eager training loop's rate
-(`zoo.train.train`, the entry's recipe and batch, from those weights; the denormal weights stay
+(`zoo.running.train.train`, the entry's recipe and batch, from those weights; the denormal weights stay
 denormal under it) both ways and their ratio. Each measurement runs in a fresh process that sets
 the flag before torch starts its threads, so every thread has it.
 """
@@ -30,16 +30,16 @@ import torch
 path, threads, flush, steps = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", int(sys.argv[4])
 torch.set_flush_denormal(flush)  # before any op: the intra-op threads inherit it
 torch.set_num_threads(threads)
-import zoo, zoo.train
+import zoo, zoo.running.train
 ckpt = zoo.load(path)
 weights = torch.cat([p.detach().flatten() for p in ckpt.model.parameters()])
 denormal = ((weights != 0) & (weights.abs() < torch.finfo(torch.float32).tiny)).float().mean().item()
 if not flush:  # the loop as it was: no flush of its own
-    zoo.train.denormals_flushed = lambda device: contextlib.nullcontext()
+    zoo.running.train.denormals_flushed = lambda device: contextlib.nullcontext()
 recipe = ckpt.entry.source.model_copy(update={"eval_every": 10**9, "checkpoint_every": 10**9})
 with tempfile.TemporaryDirectory() as run_dir:
-    result = zoo.train.train(copy.deepcopy(ckpt.model), ckpt.task, recipe, run_dir=run_dir,
-                             steps=zoo.train.WARMUP_STEPS + steps, device="cpu", progress=False)
+    result = zoo.running.train.train(copy.deepcopy(ckpt.model), ckpt.task, recipe, run_dir=run_dir,
+                             steps=zoo.running.train.WARMUP_STEPS + steps, device="cpu", progress=False)
 print(json.dumps({"rate": result.steps_per_second, "denormal": denormal}))
 """
 

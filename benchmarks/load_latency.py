@@ -16,8 +16,8 @@ import statistics
 import time
 
 import zoo
-from zoo.locate import FileReader, read_index, release_dir, verify_folder, verify_release
-from zoo.manifest import verify_files
+from zoo.storage.locate import FileReader, read_index, release_dir, verify_folder, verify_release
+from zoo.storage.manifest import verify_files
 
 
 def median_seconds(fn, repeats: int) -> float:

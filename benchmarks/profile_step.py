@@ -17,16 +17,16 @@ import tempfile
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from zoo.ensemble import train_ensemble
-from zoo.models import create_model
-from zoo.registry import get_entry, get_task_spec
-from zoo.train import train
+from zoo.running.ensemble import train_ensemble
+from zoo.running.train import train
+from zoo.science.models import create_model
+from zoo.science.registry import get_entry, get_task_spec
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("entry")
-    p.add_argument("--members", type=int, default=1, help="ensemble size (1: `zoo.train.train` on one model)")
+    p.add_argument("--members", type=int, default=1, help="ensemble size (1: `zoo.running.train.train` on one model)")
     p.add_argument("--compiled", action="store_true")
     p.add_argument("--steps", type=int, default=40, help="profiled optimiser steps")
     p.add_argument("--threads", type=int, default=2)

@@ -2,7 +2,7 @@
 
     python benchmarks/release_workers.py mamba-1d:3000 lru-out-zucchet-icl:4000 gd-ssm-1d:12000
 
-For each ENTRY:STEPS it times the compiled training step (`zoo.release.measure_rate`, after the
+For each ENTRY:STEPS it times the compiled training step (`zoo.publishing.release.measure_rate`, after the
 compilation) in one process with 2 threads, then in two processes with 1 thread each started
 together, and prints the machine's throughput both ways and their ratio. Give each entry enough
 steps that the two processes' timed windows overlap (~15 s at its rate).
@@ -16,7 +16,7 @@ import sys
 ONE = r"""
 import sys, json, torch
 torch.set_num_threads(int(sys.argv[2]))
-from zoo.release import measure_rate
+from zoo.publishing.release import measure_rate
 print(json.dumps(measure_rate(sys.argv[1], "cpu", int(sys.argv[3]), compiled=True)))
 """
 

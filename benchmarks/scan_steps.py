@@ -3,7 +3,7 @@
     python benchmarks/scan_steps.py                 # 1 thread, the zoo's training shapes
     python benchmarks/scan_steps.py --threads 2 --reps 500
 
-`indexed` is the form `zoo.models.scan.sequential_scan` had before: a time-invariant `a` expanded to
+`indexed` is the form `zoo.science.models.scan.sequential_scan` had before: a time-invariant `a` expanded to
 (B, T, …) and every step read as a[:, t] and b[:, t]. The backward of each such read is a full-size
 (B, T, …) tensor holding one step's gradient, T of them per scan. `current` is
 `sequential_scan` as it is now (`time_steps`: `unbind`, and a time-invariant `a` kept as one
@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from zoo.models.scan import complex_mul, sequential_scan
+from zoo.science.models.scan import complex_mul, sequential_scan
 
 
 def indexed_scan(a, b, *, complex_pairs=False):

@@ -35,7 +35,7 @@ def main(argv=None) -> None:
     ap.add_argument("--tokens", type=int, default=4_000_000, help="tokens per batch size, over all streams")
     args = ap.parse_args(argv)
 
-    from zoo.export.streaming import StreamingSession
+    from export.streaming import StreamingSession
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     print(f"model {args.model}; one ONNX Runtime thread; library = StreamingSession.push in this process, "

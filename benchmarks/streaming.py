@@ -71,7 +71,7 @@ def _run(method: str, length: int, batch: int, folder: str, entry: str, queue, c
 
     torch.set_num_threads(1)
     import zoo
-    from zoo.export.streaming import StreamingSession
+    from export.streaming import StreamingSession
 
     ckpt = zoo.load(folder)
     d = ckpt.model.d_in

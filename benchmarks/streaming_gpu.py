@@ -107,7 +107,7 @@ def torch_step(model, batch: int, tokens: int) -> dict:
 
 
 def ort_chunked(folder, batch: int, length: int, threads: int, providers: list[str]) -> dict:
-    from zoo.export.streaming import StreamingSession
+    from export.streaming import StreamingSession
 
     session = StreamingSession(folder, threads=threads, providers=providers)
     session.reset(batch)
@@ -125,7 +125,7 @@ def ort_chunked(folder, batch: int, length: int, threads: int, providers: list[s
 def exactness(model, folder, batch: int, chunk: int, streams: int = 8) -> float:
     """max |Δ| between the CUDA chunked outputs (two blocks, state carried) and the ONNX step graph
     (CPU provider, one token per run) on the first `streams` streams."""
-    from zoo.export.streaming import StreamingSession
+    from export.streaming import StreamingSession
 
     dev = torch.device("cuda")
     bank = _bank(batch, chunk, model.d_in, dev, blocks=2, seed=1)
@@ -157,7 +157,7 @@ def main(argv=None) -> None:
     import onnxruntime as ort
 
     import zoo
-    from zoo.locate import locate
+    from zoo.storage.locate import locate
 
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA device: this benchmark measures the GPU path (benchmarks/streaming.py is the CPU one)")

@@ -7,7 +7,7 @@
 Each family is measured on one trained registry entry (the first of its arch type, or
 --entries), at that entry's batch and sequence length, in one run:
 
-    plain      `zoo.train.train` on one model in the forms the zoo trained with before its
+    plain      `zoo.running.train.train` on one model in the forms the zoo trained with before its
                speed-ups: the prediction read from the full forward pass (`readout(model(tokens))`,
                none of the read-out shortcuts some families' `predict` takes), every scan in
                the doubling form (`scan(parallel=True)`) and GRU layers in torch's fused kernel
@@ -15,7 +15,7 @@ Each family is measured on one trained registry entry (the first of its arch typ
     eager      the same with the family's `predict` and `scan`'s choice of form
     compiled   the same with compiled=True (torch.compile of forward + backward and of the
                clipped AdamW update; `zoo release build` trains this way)
-    ens E      `zoo.ensemble.train_ensemble` with E members, per-member data streams (vmap)
+    ens E      `zoo.running.ensemble.train_ensemble` with E members, per-member data streams (vmap)
     ens E sh   the same with one shared sampling call per step (data="shared")
     ens E c    (and "sh c") the same, compiled
     ens E cg   per-member streams, the whole step replayed as one CUDA graph (CUDA only)
@@ -42,11 +42,11 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import zoo
-from zoo.ensemble import train_ensemble
-from zoo.models import classic_rnn, create_model
-from zoo.models import scan as scan_module
-from zoo.registry import get_entry, get_task_spec
-from zoo.train import train
+from zoo.running.ensemble import train_ensemble
+from zoo.running.train import train
+from zoo.science.models import classic_rnn, create_model
+from zoo.science.models import scan as scan_module
+from zoo.science.registry import get_entry, get_task_spec
 
 
 def _sync(device):

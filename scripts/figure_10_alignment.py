@@ -4,7 +4,7 @@ GD-transformer." From a sweep trained with `track_alignment = true` (sweeps/figu
 context size C: the three alignment metrics along training (mean and min–max over seeds), their final
 values (mean ± std), and the blogpost's transcribed traces beside them (plotted-values.json).
 
-Units. The zoo records sums of squares per task (zoo/evaluation.py: ‖f − ŷ_GD‖², ‖∂f/∂x_q − W‖²_F).
+Units. The zoo records sums of squares per task (zoo/science/evaluation.py: ‖f − ŷ_GD‖², ‖∂f/∂x_q − W‖²_F).
 The blogpost's curves are ½ × the mean over entries: at step 0, where the model's output is ~0, its
 prediction error is 0.2433 and its gradient error 0.1456 at D = 5, C = 2, and ½·E[ŷ_GD²] = 0.247,
 ½·E‖W‖²_F / D = 0.149 on the zoo's split. So the blogpost-unit columns are ½ × the zoo's prediction
@@ -21,8 +21,8 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from zoo.analysis import plots
-from zoo.checkpoint import read_checkpoint
+from zoo.science.analysis import plots
+from zoo.storage.checkpoint import read_checkpoint
 
 PLOTTED = Path(__file__).resolve().parents[1] / "reports" / "blogpost-2024" / "plotted-values.json"
 METRICS = {"pred_l2_to_gd": "L2 error (predictions)", "sensitivity_l2_to_gd": "L2 error (gradients)",

@@ -7,7 +7,7 @@ threshold stated and no fine-tuning after it (Appendix B.2 fine-tunes only after
 output-gating rows into one). Step 1 counts such neurons at several tolerances (the zoo's choice). A
 student whose weights did not go to zero keeps every neuron, and its KV and Q scores are then blind:
 with (d+1)(d+2)/2 − 1 or more neurons in a group (14 for d = 4) any inputs regress the key-values
-perfectly (zoo.analysis.rnn.kv_q_scores). So step 2 prunes by function instead, below that blind
+perfectly (zoo.science.analysis.rnn.kv_q_scores). So step 2 prunes by function instead, below that blind
 spot: it removes, one at a time, the hidden neuron whose silencing raises the loss least (on a fixed
 batch of fresh prompts), down to `--hidden` neurons, then the gates the same way down to `--gates`.
 Step 3 fine-tunes the pruned network with the zoo's training loop (AdamW, cosine lr, fresh batches)
@@ -38,10 +38,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 import zoo  # noqa: E402
-from zoo.analysis.plots import weight_matrices  # noqa: E402
-from zoo.analysis.rnn import active_neurons, gated_rnn_matrices, lambda_groups, prune_by_function  # noqa: E402
-from zoo.evaluation import rescore  # noqa: E402
-from zoo.train import train  # noqa: E402
+from zoo.running.train import train  # noqa: E402
+from zoo.science.analysis.plots import weight_matrices  # noqa: E402
+from zoo.science.analysis.rnn import active_neurons, gated_rnn_matrices, lambda_groups, prune_by_function  # noqa: E402
+from zoo.science.evaluation import rescore  # noqa: E402
 
 TOLERANCES = (1e-6, 1e-4, 1e-3, 1e-2, 5e-2)
 KEPT = ("test_loss", "polynomial_distance", "kv_score", "q_score", "memory_neurons", "forget_neurons",

@@ -23,7 +23,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from zoo.analysis import plots
+from zoo.science.analysis import plots
 
 PANELS = {
     "a": ("test loss (½·MSE)", "Zucchet Fig. 3.A: student gated RNN on the d = 6 teacher"),

@@ -14,10 +14,10 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from zoo.analysis import plots
-from zoo.checkpoint import read_checkpoint
-from zoo.tasks.frozen import load_split
-from zoo.tasks.regression import gd_predict
+from zoo.science.analysis import plots
+from zoo.science.tasks.frozen import load_split
+from zoo.science.tasks.regression import gd_predict
+from zoo.storage.checkpoint import read_checkpoint
 
 TOLERANCES = (0.05, 0.01)
 

@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-from zoo.checkpoint import read_checkpoint
+from zoo.storage.checkpoint import read_checkpoint
 
 ckpt = read_checkpoint(sys.argv[1])
 model, task = ckpt.model.double(), ckpt.task_spec.build()

@@ -14,9 +14,9 @@ import time
 
 import torch
 
-from zoo.models import create_model
-from zoo.registry import get_entry, get_task_spec, with_overrides
-from zoo.tasks.regression import empirical_eta, gd_predict
+from zoo.science.models import create_model
+from zoo.science.registry import get_entry, get_task_spec, with_overrides
+from zoo.science.tasks.regression import empirical_eta, gd_predict
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 parser.add_argument("--f", type=int, default=20, help="feature dimension d_x")

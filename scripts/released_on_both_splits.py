@@ -15,9 +15,9 @@ import json
 from pathlib import Path
 
 import zoo
-from zoo.evaluation import rescore
-from zoo.tasks.frozen import load_split
-from zoo.registry import default_registry
+from zoo.science.evaluation import rescore
+from zoo.science.registry import default_registry
+from zoo.science.tasks.frozen import load_split
 
 
 def row(name: str) -> dict:

@@ -19,8 +19,8 @@ import sys
 import torch
 
 import zoo
-from zoo.analysis.polynomial import regression_coefficient_table
-from zoo.evaluation import rescore
+from zoo.science.analysis.polynomial import regression_coefficient_table
+from zoo.science.evaluation import rescore
 
 
 def decay_factor(source) -> float:

@@ -2,7 +2,7 @@
 test loss over the split's tasks, and of its difference to one GD step on the same tasks (paired).
 
 The registry's `expected.test_loss` tolerances, where a paper gives no spread, are about two of the
-split's standard errors (zoo/entries/*.toml); the papers do not state their test sets' sizes, so
+split's standard errors (zoo/science/entries/*.toml); the papers do not state their test sets' sizes, so
 their own error is not added. The paired difference to GD on the same tasks is far more precise.
 
     python scripts/test_loss_sampling_error.py [ENTRY ...]   (default: every entry with an expected test loss)
@@ -15,10 +15,10 @@ import sys
 import torch
 
 import zoo
-from zoo.evaluation import gd_reference
-from zoo.registry import default_registry, get_task_spec
-from zoo.tasks.frozen import load_split
-from zoo.tasks.regression import LinearRegressionTask, gd_predict
+from zoo.science.evaluation import gd_reference
+from zoo.science.registry import default_registry, get_task_spec
+from zoo.science.tasks.frozen import load_split
+from zoo.science.tasks.regression import LinearRegressionTask, gd_predict
 
 
 def per_task_losses(name: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,15 +3,14 @@ machine other than the one that pinned them: a different CPU, BLAS and torch bui
 
     python scripts/verify_frozen_splits.py
 """
+import os
 import sys
 import tempfile
 import time
 
-import os
-
 os.environ.setdefault("ICL_ZOO_CACHE", tempfile.mkdtemp())
-from zoo.registry import default_registry  # noqa: E402
-from zoo.tasks.frozen import load_split  # noqa: E402
+from zoo.science.registry import default_registry  # noqa: E402
+from zoo.science.tasks.frozen import load_split  # noqa: E402
 
 bad = 0
 for name, spec in sorted(default_registry().tasks.items()):

@@ -3,7 +3,6 @@ import os
 import pytest
 import torch
 
-
 if os.environ.get("PYTEST_XDIST_WORKER"):  # two workers on two cores: one thread each, subprocesses too
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
@@ -25,6 +24,6 @@ def rng():
 @pytest.fixture(autouse=True)
 def _denormals_kept_between_tests():
     """`zoo build`, `zoo sweep` and `zoo release build` flush denormals for their whole process
-    (zoo/train.py); tests run those commands in this one, so each test starts from torch's default."""
+    (zoo/running/train.py); tests run those commands in this one, so each test starts from torch's default."""
     yield
     torch.set_flush_denormal(False)

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 import zoo
-from zoo.builder import build, build_ensemble
-from zoo.evaluation import PROBE_TASKS, alignment_probe
-from zoo.manifest import HISTORY
-from zoo.registry import get_entry, get_task_spec, with_overrides
-from zoo.tasks.frozen import load_split
-from zoo.tasks.regression import gd_predict
+from zoo.running.builder import build, build_ensemble
+from zoo.science.evaluation import PROBE_TASKS, alignment_probe
+from zoo.science.registry import get_entry, get_task_spec, with_overrides
+from zoo.science.tasks.frozen import load_split
+from zoo.science.tasks.regression import gd_predict
+from zoo.storage.manifest import HISTORY
 
 KEYS = ("pred_l2_to_gd", "sensitivity_l2_to_gd", "sensitivity_cosine")
 SHORT = {"source.eval_every": 10, "source.batch_size": 64}

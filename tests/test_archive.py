@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from zoo import release
 from zoo.cli import main
-from zoo.manifest import sha256_file
+from zoo.publishing import release
+from zoo.storage.manifest import sha256_file
 
 NAMES = ["lsa-gd-zucchet-icl", "gated-rnn-zucchet-icl"]  # two small released entries
 LSA = NAMES[0]

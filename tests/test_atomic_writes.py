@@ -1,5 +1,5 @@
 """Writes that a kill or an error cannot leave half done: `zoo export` and `zoo build` stage a checkpoint
-beside its folder and swap it in whole (zoo.atomic), `zoo build` refuses to replace another run's
+beside its folder and swap it in whole (zoo.storage.atomic), `zoo build` refuses to replace another run's
 checkpoint without --force, and `zoo release build` survives a corrupt run.json record."""
 
 import json
@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 import zoo
-from zoo.export import onnx_export
-from zoo import atomic, release
+from export import onnx_export
 from zoo.cli import main
+from zoo.publishing import release
+from zoo.storage import atomic
 
 A = "lsa-gd-zucchet-icl"  # constructed: built in about a second
 B = "gated-rnn-gd-zucchet-icl"  # another constructed entry on the same task
@@ -68,7 +69,7 @@ def test_an_export_killed_midway_leaves_the_old_checkpoint_loadable(where, tmp_p
         monkeypatch.setattr(onnx_export, "export_checkpoint_graphs", lambda *a: _raise(newer_graphs(*a)))
     else:  # after the weights, graphs and metrics: config.json, which records their hashes, is written last
         monkeypatch.setattr(onnx_export, "export_checkpoint_graphs", newer_graphs)
-        monkeypatch.setattr("zoo.checkpoint.write_config", _raise)
+        monkeypatch.setattr("zoo.storage.checkpoint.write_config", _raise)
     with pytest.raises(Killed):
         main(["export", str(folder)])
     assert snapshot(folder) == before and leftovers(folder) == []
@@ -89,7 +90,7 @@ def test_an_export_killed_by_sigkill_is_undone_by_the_next_save(tmp_path):
     before = snapshot(folder)
     script = textwrap.dedent(f"""
         import os, signal
-        from zoo.export import onnx_export
+        from export import onnx_export
         def graphs(ckpt, folder):  # a newer exporter's graph, then the kill
             (folder / "model.onnx").write_bytes(b"exported again")
             os.kill(os.getpid(), signal.SIGKILL)
@@ -193,7 +194,7 @@ def test_build_refuses_an_unreadable_config_and_rebuilds_its_own_entry(tmp_path)
 
 def test_a_trained_build_resumes_in_its_folder_and_refuses_another_seed(tmp_path, monkeypatch):
     out = tmp_path / "out"
-    monkeypatch.setattr("zoo.builder.save_checkpoint", _raise)  # killed after training, before the save
+    monkeypatch.setattr("zoo.running.builder.save_checkpoint", _raise)  # killed after training, before the save
     with pytest.raises(Killed):
         zoo.build(TRAINED, out, steps=4, device="cpu", progress=False)
     monkeypatch.undo()
@@ -227,7 +228,7 @@ def release_build(tmp_path, monkeypatch):
         calls.append({"steps": kwargs.get("steps"), "left": sorted(p.name for p in Path(out).parent.iterdir())})
         raise Built
 
-    monkeypatch.setattr("zoo.builder.build", build)
+    monkeypatch.setattr("zoo.running.builder.build", build)
 
     def run():
         with pytest.raises(Built):
@@ -247,7 +248,7 @@ def test_a_corrupt_release_marker_is_discarded_with_a_warning(marker, release_bu
     with pytest.warns(UserWarning, match=re.escape(f"{work / 'run.json'}: corrupt run record")):
         call = run()
     assert call["steps"] == zoo.get_entry(TRAINED).source.steps and call["left"] == ["run.json"]  # started afresh
-    written = json.loads((work / "run.json").read_text())  # the one run-record schema (zoo.builder.claim_run_dir)
+    written = json.loads((work / "run.json").read_text())  # the one run-record schema (zoo.running.builder.claim_run_dir)
     assert written == {"entry": TRAINED, "definition": release.entry_fingerprint(TRAINED),
                        "seed": zoo.get_entry(TRAINED).source.seed, "steps": call["steps"]}
 

@@ -1,4 +1,4 @@
-"""The open benchmark (zoo/benchmark.py) and the per-task leaderboards (zoo/leaderboard.py): models the
+"""The open benchmark (zoo/publishing/benchmark.py) and the per-task leaderboards (zoo/publishing/leaderboard.py): models the
 zoo never built, scored on the frozen splits beside GD; bad models refused in one line, nothing written."""
 
 import hashlib
@@ -10,12 +10,12 @@ import torch
 from onnx import TensorProto, helper
 
 import zoo
-from zoo import hub
-from zoo.benchmark import BenchmarkError
 from zoo.cli import main
-from zoo.leaderboard import FOLDER, leaderboard, leaderboard_url, released_on
-from zoo.locate import read_index, release_dir
-from zoo.registry import get_entry, get_task_spec
+from zoo.publishing import hub
+from zoo.publishing.benchmark import BenchmarkError
+from zoo.publishing.leaderboard import FOLDER, leaderboard, leaderboard_url, released_on
+from zoo.science.registry import get_entry, get_task_spec
+from zoo.storage.locate import read_index, release_dir
 
 TASK = "zucchet-icl"  # pairs (x, y): d_x = d_y = 3, C = 12, tokens (B, 13, 6)
 SPEC = get_task_spec(TASK)
@@ -95,8 +95,8 @@ def test_a_hand_written_onnx_graph_scores_the_gd_reference(gd_onnx):
 
 
 def test_k_step_gd_is_at_the_rate_a_line_search_over_the_steps_finds():
-    from zoo.benchmark import best_eta, gd_polynomial
-    from zoo.tasks.regression import gd_predict, resolve_eta
+    from zoo.publishing.benchmark import best_eta, gd_polynomial
+    from zoo.science.tasks.regression import gd_predict, resolve_eta
 
     task = SPEC.build()
     b64 = task.sample(300, seed=1, dtype=torch.float64)
@@ -116,9 +116,9 @@ def test_a_torch_module_scores_gd_and_its_sensitivity_cosine_is_one():
 
 
 def test_a_numpy_function_scores_gd_and_zoo_evaluate_is_a_function_beside_the_evaluation_module():
-    import zoo.evaluation  # the scoring helpers: importing them leaves zoo.evaluate the function
+    import zoo.science.evaluation  # the scoring helpers: importing them leaves zoo.evaluate the function
 
-    assert callable(zoo.evaluate) and not isinstance(zoo.evaluate, type(zoo.evaluation))
+    assert callable(zoo.evaluate) and not isinstance(zoo.evaluate, type(zoo.science.evaluation))
     record = zoo.evaluate(numpy_gd_step, task=TASK, sensitivity="none")
     assert abs(record["metrics"]["test_loss"] - GD_LOSS) < 1e-6
     assert record["model"] == {"kind": "callable", "name": f"{__name__}.numpy_gd_step"}
@@ -133,7 +133,7 @@ def test_the_sequence_contract_reads_the_graphs_read_out_metadata():
 
 
 def test_every_position_on_triples_gives_the_loss_at_each_position():
-    from zoo.benchmark import callable_candidate, load_frozen, score
+    from zoo.publishing.benchmark import callable_candidate, load_frozen, score
 
     _, task, frozen = load_frozen("linreg-triples-d5-c20", "test")
     first = task.batch_from_arrays(*(torch.from_numpy(a[:400]) for a in (frozen.x, frozen.y)))  # per position: few suffice

@@ -22,9 +22,9 @@ import torch
 from huggingface_hub import ModelCard
 
 import zoo
-from zoo.card import ONNX_TOLERANCE, base_model
-from zoo.locate import VERSION, read_index, release_dir
-from zoo.registry import default_registry, get_task_spec
+from zoo.science.registry import default_registry, get_task_spec
+from zoo.storage.card import ONNX_TOLERANCE, base_model
+from zoo.storage.locate import VERSION, read_index, release_dir
 
 RELEASED = sorted(read_index()["entries"])
 SNIPPET_ENTRY = "lsa-d10-c10"  # pairs layout; its sequence graph scores 10,000 tasks in well under a second
@@ -36,7 +36,7 @@ def _snippet(card: str) -> str:
 
 
 def test_card_onnx_snippet_reproduces_the_card_number(tmp_path):
-    from zoo.hub import dataset_folder
+    from zoo.publishing.hub import dataset_folder
 
     folder = release_dir() / SNIPPET_ENTRY
     code = _snippet((folder / "README.md").read_text())
@@ -115,7 +115,7 @@ def test_predict_has_no_autograd_graph():
 
 
 def test_from_pretrained_gives_the_plain_module():
-    from zoo.checkpoint import Checkpoint
+    from zoo.storage.checkpoint import Checkpoint
 
     model = zoo.from_pretrained(SNIPPET_ENTRY)
     assert isinstance(model, torch.nn.Module) and not model.training
@@ -124,7 +124,7 @@ def test_from_pretrained_gives_the_plain_module():
 
 
 def test_checkpoint_save_writes_no_card_the_builder_does(tmp_path):
-    from zoo.builder import save
+    from zoo.running.builder import save
 
     ckpt = zoo.load("lsa-gd-zucchet-icl")
     ckpt.save_files(tmp_path / "plain")

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import zoo
-from zoo.checkpoint import CheckpointError
+from zoo.storage.checkpoint import CheckpointError
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,7 @@ def test_missing_file_and_wrong_shapes_are_refused(constructed, tmp_path):
     weights["layers.0.w_q"] = torch.zeros(5, 5)
     save_file(weights, str(dst2 / "model.safetensors"))
     cfg = json.loads((dst2 / "config.json").read_text())
-    from zoo.checkpoint import sha256_file
+    from zoo.storage.checkpoint import sha256_file
 
     cfg["files"]["model.safetensors"]["sha256"] = sha256_file(dst2 / "model.safetensors")  # hash consistent, shape wrong
     (dst2 / "config.json").write_text(json.dumps(cfg))
@@ -107,7 +107,7 @@ def test_unknown_architecture_is_refused(constructed, tmp_path):
     with pytest.raises(CheckpointError, match="edited after the weights were saved"):
         zoo.load(dst)
     # A consistent checkpoint from a newer zoo (weights re-saved with its config): refused by name.
-    from zoo.checkpoint import config_core_sha256, save_weights, sha256_file
+    from zoo.storage.checkpoint import config_core_sha256, save_weights, sha256_file
 
     save_weights(load_file(str(dst / "model.safetensors")), dst / "model.safetensors", config_sha256=config_core_sha256(cfg))
     cfg["files"]["model.safetensors"]["sha256"] = sha256_file(dst / "model.safetensors")
@@ -118,28 +118,28 @@ def test_unknown_architecture_is_refused(constructed, tmp_path):
 
 # ---------------------------------------------------------------- who writes the ONNX graphs
 def test_checkpoint_layer_imports_no_export():
-    """zoo.checkpoint saves weights, metrics and config; the export layer above adds the graphs, the builder
+    """zoo.storage.checkpoint saves weights, metrics and config; the export layer above adds the graphs, the builder
     the card: saving renders no card and reads no registry (issue 39)."""
     import ast
     import inspect
 
-    import zoo.checkpoint
+    import zoo.storage.checkpoint
 
-    nodes = list(ast.walk(ast.parse(inspect.getsource(zoo.checkpoint))))  # in-function imports included
+    nodes = list(ast.walk(ast.parse(inspect.getsource(zoo.storage.checkpoint))))  # in-function imports included
     imported = {n.module for n in nodes if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in nodes if isinstance(n, ast.Import) for a in n.names}
-    assert not {m for m in imported if m and (m.startswith("zoo.export") or m in (
-        "zoo.release", "zoo.hub", "zoo.locate", "zoo.card", "zoo.expected", "zoo.analysis.plots"))}
+    assert not {m for m in imported if m and (m.startswith("export") or m in (
+        "zoo.publishing.release", "zoo.publishing.hub", "zoo.storage.locate", "zoo.storage.card", "zoo.science.expected", "zoo.science.analysis.plots"))}
 
 
 def test_save_checkpoint_writes_exactly_the_released_files(tmp_path, monkeypatch):
-    """zoo.builder.save (zoo.export.save_checkpoint with the card) gives a released checkpoint's folder back
+    """zoo.running.builder.save (zoo.storage.save.save_checkpoint with the graphs and card) gives a released checkpoint's folder back
     file for file, graphs hashed in config.json; a plain save_pretrained writes no graphs and drops ones
     left in the folder, and the generated card that listed them (huggingface_hub's short card instead)."""
-    from zoo.builder import save as save_checkpoint
-    from zoo.checkpoint import Checkpoint
-    from zoo.locate import release_dir
-    from zoo.manifest import GRAPH_FILES, verify_files
+    from zoo.running.builder import save as save_checkpoint
+    from zoo.storage.checkpoint import Checkpoint
+    from zoo.storage.locate import release_dir
+    from zoo.storage.manifest import GRAPH_FILES, verify_files
 
     monkeypatch.delenv("HF_ENDPOINT", raising=False)
     name = "gated-rnn-zucchet-icl"  # recurrent: model.onnx, model_step.onnx and model_chunk.onnx
@@ -154,7 +154,7 @@ def test_save_checkpoint_writes_exactly_the_released_files(tmp_path, monkeypatch
     assert sorted(p.name for p in out.iterdir()) == released
     files = verify_files(out).config["files"]
     assert set(GRAPH_FILES) <= set(files)
-    assert "from zoo.export.streaming import StreamingSession" in (out / "README.md").read_text()
+    assert "from export.streaming import StreamingSession" in (out / "README.md").read_text()
 
     ckpt.save_pretrained(out)  # the huggingface_hub path: no graphs, none left behind unhashed or stale
     assert not any((out / g).exists() for g in GRAPH_FILES)

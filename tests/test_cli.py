@@ -21,7 +21,7 @@ import threading
 import pytest
 
 from zoo import cli
-from zoo.registry import list_entries
+from zoo.science.registry import list_entries
 from zoo.version import __version__
 
 
@@ -124,7 +124,7 @@ def test_mistyped_repo_id_gets_suggestions_offline(capsys, tmp_path, monkeypatch
 
 
 def test_sweep_prints_each_run(tmp_path, capsys, monkeypatch):
-    from zoo import sweep
+    from zoo.running import sweep
 
     spec = sweep.SweepSpec.model_validate({"name": "t", "entries": ["lsa-d10-c10"], "seeds": [0, 1], "steps": 3})
     seen = []
@@ -144,7 +144,7 @@ def test_sweep_prints_each_run(tmp_path, capsys, monkeypatch):
 
 
 def test_release_workers_announce_each_entry(tmp_path, capsys, monkeypatch):
-    from zoo import release
+    from zoo.publishing import release
 
     monkeypatch.setattr(release, "build_entry", lambda name, root, **kw: {"entry": name})
     assert release.build_entry_announced("lsa-d10-c10", tmp_path) == {"entry": "lsa-d10-c10"}

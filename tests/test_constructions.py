@@ -13,11 +13,11 @@ family's tests (test_families.py)."""
 import pytest
 import torch
 
-from zoo.constructions import construct
-from zoo.evaluation import gd_reference
-from zoo.models import CONSTRUCTIONS, create_model
-from zoo.registry import get_task_spec, list_entries
-from zoo.tasks.regression import gd_predict
+from zoo.science.constructions import construct
+from zoo.science.evaluation import gd_reference
+from zoo.science.models import CONSTRUCTIONS, create_model
+from zoo.science.registry import get_task_spec, list_entries
+from zoo.science.tasks.regression import gd_predict
 
 
 def _theta_gd_entries():

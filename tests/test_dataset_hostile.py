@@ -24,8 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from zoo.tasks import frozen
-from zoo.tasks.frozen import (
+from zoo.science.tasks import frozen
+from zoo.science.tasks.frozen import (
     DatasetHashMismatch,
     DatasetShapeMismatch,
     content_hash,
@@ -95,7 +95,7 @@ def no_decoding(monkeypatch):
 
 
 def _registry_hash(task=LINREG, split="test"):
-    from zoo.registry import get_task_spec
+    from zoo.science.registry import get_task_spec
 
     return get_task_spec(task).splits[split].sha256
 
@@ -129,7 +129,7 @@ def test_bomb_with_a_values_budget_is_refused(hub, tmp_path, no_decoding):
 
 
 def test_a_known_task_gets_its_exact_size(hub, tmp_path, no_decoding):
-    from zoo.registry import get_task_spec
+    from zoo.science.registry import get_task_spec
 
     repos, _ = hub
     _write(tmp_path / "more" / "data" / "test-00000-of-00001.parquet", 10_001)
@@ -163,7 +163,7 @@ SCHEMAS = {
 
 @pytest.mark.parametrize("case", sorted(SCHEMAS))
 def test_wrong_schema_is_a_one_line_error(hub, tmp_path, no_decoding, case):
-    from zoo.registry import get_task_spec
+    from zoo.science.registry import get_task_spec
 
     kwargs, needle = SCHEMAS[case]
     repos, _ = hub
@@ -214,8 +214,8 @@ def test_an_honest_split_still_loads_and_nothing_is_cached(hub, tmp_path):
 
 def test_bomb_through_the_served_hub(tmp_path, monkeypatch):
     """End to end: the bomb published to a local hub, served by the zoo's hub server, pulled by huggingface_hub."""
-    from zoo import hub as zoo_hub
-    from zoo.registry import get_task_spec
+    from zoo.publishing import hub as zoo_hub
+    from zoo.science.registry import get_task_spec
 
     _write(tmp_path / "bomb" / "data" / "test-00000-of-00001.parquet", 300_000)
     root = tmp_path / "hub"
@@ -234,8 +234,8 @@ def _rigged_checkpoint(tmp_path: Path, rigged: str, task: str | None = None) -> 
     with `task`, renamed to a task the registry does not know), re-signed as a careful attacker would."""
     from safetensors.torch import load_file
 
-    from zoo.checkpoint import config_core_sha256, save_weights, sha256_file
-    from zoo.locate import release_dir
+    from zoo.storage.checkpoint import config_core_sha256, save_weights, sha256_file
+    from zoo.storage.locate import release_dir
 
     dst = tmp_path / "ckpt"
     shutil.copytree(release_dir() / "lsa-gd-zucchet-icl", dst)
@@ -271,7 +271,7 @@ def rigged_split(monkeypatch):
 
 def test_a_registered_task_is_checked_against_the_registry_not_the_checkpoint(tmp_path, rigged_split, capsys):
     from zoo.cli import main
-    from zoo.registry import get_task_spec
+    from zoo.science.registry import get_task_spec
 
     sha, calls = rigged_split
     ckpt = _rigged_checkpoint(tmp_path, sha)
@@ -285,7 +285,7 @@ def test_a_registered_task_is_checked_against_the_registry_not_the_checkpoint(tm
 
 def test_an_unknown_task_falls_back_on_the_claim_and_says_so(tmp_path, rigged_split, capsys):
     from zoo.cli import main
-    from zoo.registry import default_registry
+    from zoo.science.registry import default_registry
 
     sha, calls = rigged_split
     task = "zoo-test-unregistered-task"

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from zoo.ensemble import train_ensemble
-from zoo.models import create_model
-from zoo.registry import get_entry, get_task_spec, with_overrides
-from zoo.train import make_optimizer, train
+from zoo.running.ensemble import train_ensemble
+from zoo.running.train import make_optimizer, train
+from zoo.science.models import create_model
+from zoo.science.registry import get_entry, get_task_spec, with_overrides
 
 
 def setup(name, **overrides):
@@ -38,12 +38,12 @@ def test_members_equal_their_solo_runs(tmp_path, name, overrides):
 
 
 def test_ensemble_resumes_after_interruption(tmp_path, monkeypatch):
-    import zoo.ensemble
+    import zoo.running.ensemble
 
     entry, task, make = setup("gated-rnn-zucchet-icl", **{"arch.hidden": 8, "source.batch_size": 8})
     recipe = entry.source.model_copy(update={"checkpoint_every": 5, "eval_every": 5})
     full = train_ensemble(make, task, recipe, [0, 1], run_dir=tmp_path / "a", steps=12, device="cpu", progress=False)
-    sample, calls = zoo.ensemble._sample, []
+    sample, calls = zoo.running.ensemble._sample, []
 
     def interrupted_at_step_8(*args):
         calls.append(1)
@@ -51,10 +51,10 @@ def test_ensemble_resumes_after_interruption(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return sample(*args)
 
-    monkeypatch.setattr(zoo.ensemble, "_sample", interrupted_at_step_8)
+    monkeypatch.setattr(zoo.running.ensemble, "_sample", interrupted_at_step_8)
     with pytest.raises(KeyboardInterrupt):
         train_ensemble(make, task, recipe, [0, 1], run_dir=tmp_path / "b", steps=12, device="cpu", progress=False)
-    monkeypatch.setattr(zoo.ensemble, "_sample", sample)
+    monkeypatch.setattr(zoo.running.ensemble, "_sample", sample)
     resumed = train_ensemble(make, task, recipe, [0, 1], run_dir=tmp_path / "b", steps=12, device="cpu", progress=False)
     for m_full, m_resumed in zip(full.models, resumed.models):
         for a, b in zip(m_full.parameters(), m_resumed.parameters()):
@@ -63,7 +63,7 @@ def test_ensemble_resumes_after_interruption(tmp_path, monkeypatch):
 
 def test_diverging_member_is_named(tmp_path):
     entry, task, make = setup("gated-rnn-zucchet-icl", **{"arch.hidden": 8, "source.batch_size": 8, "source.lr": 1e6})
-    from zoo.train import TrainingDiverged
+    from zoo.running.train import TrainingDiverged
 
     with pytest.raises(TrainingDiverged, match="seed"):
         train_ensemble(make, task, entry.source, [0, 1], run_dir=tmp_path, steps=200, device="cpu", progress=False)
@@ -72,8 +72,8 @@ def test_diverging_member_is_named(tmp_path):
 def test_nonfinite_weights_with_finite_loss_are_not_saved(tmp_path, monkeypatch):
     """A step can leave a weight non-finite while the loss that produced it was finite: the
     boundary check must refuse to save that state."""
-    from zoo.train import TrainingDiverged
-    import zoo.train
+    import zoo.running.train
+    from zoo.running.train import TrainingDiverged
 
     entry, task, make = setup("gated-rnn-zucchet-icl", **{"arch.hidden": 8, "source.batch_size": 8})
     recipe = entry.source.model_copy(update={"checkpoint_every": 4, "eval_every": 4})
@@ -150,7 +150,7 @@ def test_cuda_graph_run_resumes(tmp_path):
 
 @cuda
 def test_cuda_graph_divergence_keeps_last_good_state(tmp_path):
-    from zoo.train import TrainingDiverged
+    from zoo.running.train import TrainingDiverged
 
     entry, task, make = setup("gated-rnn-zucchet-icl", **{"source.lr": 1e6, "source.grad_clip": None})
     recipe = entry.source.model_copy(update={"eval_every": 50, "checkpoint_every": 50, "warmup_steps": 0})

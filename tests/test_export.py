@@ -8,22 +8,21 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from stream_parity import assert_parity, model_double, stream_tokens
 
-from zoo.constructions import construct
-from zoo.export.onnx_export import export_chunk, export_sequence, export_step
-from zoo.export.streaming import (
-    RUN_TOKENS,
+from export.onnx_export import export_chunk, export_sequence, export_step
+from export.streaming import (
     CHUNK_GRAPHS,
     PARALLEL_MAX_BATCH,
     PARALLEL_TOKENS,
+    RUN_TOKENS,
     StreamError,
     StreamingSession,
 )
-from zoo.export.token_io import read_tokens
-from zoo.models import create_model
-from zoo.registry import get_task_spec, list_entries
-
-from stream_parity import assert_parity, model_double, stream_tokens
+from export.token_io import read_tokens
+from zoo.science.constructions import construct
+from zoo.science.models import create_model
+from zoo.science.registry import get_task_spec, list_entries
 
 ENTRIES = list_entries()
 
@@ -196,7 +195,7 @@ def test_sequence_graph_refuses_lengths_past_its_scan(entry, exported):
     raises past it, under plain onnxruntime (no zoo code between the user and the graph)."""
     import onnxruntime as ort
 
-    from zoo.models.scan import EXPORT_MAX_LEN
+    from zoo.science.models.scan import EXPORT_MAX_LEN
 
     model, _ = model_for(entry)
     path = exported(entry, "sequence")
@@ -284,7 +283,7 @@ def test_chunk_graph_under_plain_onnxruntime(name, exported):
     to its bound give the outputs of one stream; a longer chunk raises instead of scanning part."""
     import onnxruntime as ort
 
-    from zoo.registry import get_entry
+    from zoo.science.registry import get_entry
 
     model, task = model_for(get_entry(name))
     path = exported(get_entry(name), "chunk")
@@ -310,25 +309,25 @@ def test_chunk_graph_under_plain_onnxruntime(name, exported):
 STREAM_WITHOUT_TORCH = """
 import sys
 import numpy as np
-from zoo.export.streaming import StreamingSession
+from export.streaming import StreamingSession
 for where in sys.argv[1:]:  # a checkpoint folder, then a bare released entry name
     session = StreamingSession(where)
     session.reset(2)
     assert session.push(np.zeros((2, 3, session.d_in), np.float32)).shape == (2, 3, session.d_out)
-loaded = sorted(m for m in ("torch", "safetensors.torch", "pydantic", "zoo.checkpoint", "zoo.release", "zoo.registry",
-                            "zoo.hub", "zoo.export.onnx_export") if m in sys.modules)
+loaded = sorted(m for m in ("torch", "safetensors.torch", "pydantic", "zoo.storage.checkpoint", "zoo.publishing.release", "zoo.science.registry",
+                            "zoo.publishing.hub", "export.onnx_export") if m in sys.modules)
 print("loaded:", loaded)
 """
 
 
 def test_streaming_a_checkpoint_imports_no_torch(tmp_path):
-    """The streaming runtime resolves (zoo.locate) and hash-checks (zoo.manifest) a checkpoint folder or
+    """The streaming runtime resolves (zoo.storage.locate) and hash-checks (zoo.storage.manifest) a checkpoint folder or
     a bare released name without the checkpoint layer, the registry or torch."""
     import shutil
     import subprocess
     import sys
 
-    from zoo.locate import release_dir
+    from zoo.storage.locate import release_dir
 
     name = "gated-rnn-zucchet-icl"
     shutil.copytree(release_dir() / name, tmp_path / "ckpt")
@@ -342,8 +341,8 @@ def test_streaming_a_checkpoint_imports_no_torch(tmp_path):
 def test_streaming_refuses_a_tampered_graph_without_torch(tmp_path):
     import shutil
 
-    from zoo.locate import release_dir
-    from zoo.manifest import CheckpointError
+    from zoo.storage.locate import release_dir
+    from zoo.storage.manifest import CheckpointError
 
     shutil.copytree(release_dir() / "gated-rnn-zucchet-icl", tmp_path / "ckpt")
     with open(tmp_path / "ckpt" / "model_chunk.onnx", "ab") as f:

@@ -7,14 +7,14 @@ import math
 import pytest
 import torch
 
-from zoo.models import NotRecurrentError, create_model
-from zoo.models.griffin import GriffinRecurrentBlock, LocalAttentionBlock
-from zoo.models.lru import LRUBlock, S5Block
-from zoo.models.mamba import MambaBlock
-from zoo.models.scan import causal_depthwise_conv
-from zoo.models.stack import RecurrentStackArch
-from zoo.models.transformer import TransformerArch
-from zoo.tasks.regression import LinearRegressionTask
+from zoo.science.models import NotRecurrentError, create_model
+from zoo.science.models.griffin import GriffinRecurrentBlock, LocalAttentionBlock
+from zoo.science.models.lru import LRUBlock, S5Block
+from zoo.science.models.mamba import MambaBlock
+from zoo.science.models.scan import causal_depthwise_conv
+from zoo.science.models.stack import RecurrentStackArch
+from zoo.science.models.transformer import TransformerArch
+from zoo.science.tasks.regression import LinearRegressionTask
 
 TASK = LinearRegressionTask(d_x=3, d_y=2, n_context=9)
 STACKS = [
@@ -241,10 +241,9 @@ def test_lru_ring_init_radius():
 def test_lstm_construction_approaches_the_lsa_as_epsilon_shrinks():
     """Table 4: relative error O(ε²) in float64 (measured 1.1e-1, 1.2e-2, 1.3e-3, 1.2e-4, 1.3e-5
     for ε = 0.1 … 0.001 on this LSA)."""
-    from zoo.models.stack import lstm_from_lsa, lstm_width
-    from zoo.models.lsa import lsa_weights
-    from zoo.models.lsa import LinearSelfAttention
-    from zoo.registry import get_task_spec
+    from zoo.science.models.lsa import LinearSelfAttention, lsa_weights
+    from zoo.science.models.stack import lstm_from_lsa, lstm_width
+    from zoo.science.registry import get_task_spec
 
     task = get_task_spec("zucchet-icl").build()
     d = task.token_dim
@@ -275,7 +274,7 @@ def _toy_entries() -> dict[str, str]:
     """Arch type → one trained registry entry of it: the one that sets the most arch fields away from
     their defaults (ties: the first by name), so each type's most configured code path trains. A new
     family's trained entry is picked up here without a list to edit."""
-    from zoo.registry import list_entries
+    from zoo.science.registry import list_entries
 
     picked = {}
     for entry in list_entries(source="trained"):
@@ -289,7 +288,7 @@ TOY_ENTRIES = sorted(_toy_entries().values())
 
 
 def test_every_arch_type_has_a_toy_entry():
-    from zoo.models import FAMILY_OF_TYPE
+    from zoo.science.models import FAMILY_OF_TYPE
 
     missing = set(FAMILY_OF_TYPE) - set(_toy_entries())
     assert not missing, f"arch types without a trained registry entry to train at toy size: {sorted(missing)}"

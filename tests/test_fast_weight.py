@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 import torch
 
-from zoo.constructions import construct
-from zoo.models import create_model
-from zoo.registry import get_entry, get_task_spec
-from zoo.tasks.regression import gd_predict, least_squares_predict, online_gd_predict, prefix_gd_predict
+from zoo.science.constructions import construct
+from zoo.science.models import create_model
+from zoo.science.registry import get_entry, get_task_spec
+from zoo.science.tasks.regression import gd_predict, least_squares_predict, online_gd_predict, prefix_gd_predict
 
 TASK = get_task_spec("linreg-triples-d5-c20").build()
 
@@ -116,7 +116,7 @@ def test_built_entry_reports_loss_against_position(tmp_path):
     import json
 
     import zoo
-    from zoo.report import collect, write_report
+    from zoo.publishing.report import collect, write_report
 
     folder = tmp_path / "hebbian"
     zoo.build("fast-weight-hebbian-gd-triples", folder, progress=False, graphs=False)

@@ -4,11 +4,16 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from zoo.registry import get_task_spec
-from zoo.tasks.frozen import (
-    DatasetHashMismatch, cache_dir, content_hash, generate_split, read_parquet_arrays, save_split,
+from zoo.science.registry import get_task_spec
+from zoo.science.tasks.frozen import (
+    DatasetHashMismatch,
+    cache_dir,
+    content_hash,
+    generate_split,
+    read_parquet_arrays,
+    save_split,
 )
-from zoo.tasks.frozen import load_split as _load_split
+from zoo.science.tasks.frozen import load_split as _load_split
 
 
 def load_split(name, split, **kwargs):
@@ -74,7 +79,7 @@ def test_tampered_split_on_disk_is_regenerated_and_kept_aside():
 
 
 def test_split_this_machine_generates_differently_is_refused(monkeypatch):
-    import zoo.tasks.frozen as frozen
+    import zoo.science.tasks.frozen as frozen
 
     split = load_split("zucchet-icl", "validation")
     path = cache_dir() / "datasets" / "zucchet-icl" / "validation" / "data.parquet"
@@ -94,7 +99,7 @@ def test_split_this_machine_generates_differently_is_refused(monkeypatch):
 def test_task_variant_split_is_hash_checked_on_reload():
     """A variant has no registered hash: its cached copy is checked against the split regenerated
     from its seed, so a cached split with y = 0 (which would score loss 0) is never used."""
-    from zoo.registry import task_variant
+    from zoo.science.registry import task_variant
 
     name = task_variant("zucchet-icl", {"n_context": 7})
     split = load_split(name, "test")
@@ -118,7 +123,7 @@ def test_rebuild_keeps_a_tampered_copy():
 
 @pytest.mark.parametrize("bad", ["../../../../tmp/x", "x/../../y", "/etc", "A B", "..", "zucchet-icl/../x"])
 def test_task_names_never_become_paths_unchecked(bad, tmp_path):
-    from zoo.names import safe_name
+    from zoo.science.paths import safe_name
 
     with pytest.raises(ValueError, match="not a safe name"):
         safe_name(bad)
@@ -136,8 +141,8 @@ def test_concurrent_loads_of_a_tampered_split_all_succeed():
     x = split.x.copy()
     x[0, 0, 0] += 1
     save_split(x, split.y, path.parent)
-    code = ("import warnings; warnings.simplefilter('ignore'); from zoo.tasks.frozen import load_split; "
-            "from zoo.registry import get_task_spec; "
+    code = ("import warnings; warnings.simplefilter('ignore'); from zoo.science.tasks.frozen import load_split; "
+            "from zoo.science.registry import get_task_spec; "
             "print(load_split('zucchet-icl', 'validation', spec=get_task_spec('zucchet-icl')).sha256)")
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=dict(os.environ)) for _ in range(3)]
@@ -157,15 +162,9 @@ def test_unreadable_cached_split_is_set_aside_and_rebuilt():
 
 
 def test_frozen_knows_no_registry():
-    """Frozen datasets sit below the registry: the registry's task spec comes from the caller."""
-    import ast
-    import inspect
+    """Frozen datasets sit below the registry (the science floor's import-linter contract, tests/test_layers.py):
+    the registry's task spec comes from the caller, and without one loading refuses."""
+    import zoo.science.tasks.frozen as frozen
 
-    import zoo.tasks.frozen as frozen
-
-    nodes = list(ast.walk(ast.parse(inspect.getsource(frozen))))  # in-function imports included
-    imported = {n.module for n in nodes if isinstance(n, ast.ImportFrom)}
-    imported |= {a.name for n in nodes if isinstance(n, ast.Import) for a in n.names}
-    assert {m for m in imported if m and m.startswith("zoo")} == {"zoo.locate", "zoo.names", "zoo.tasks.regression"}
     with pytest.raises(TypeError, match="spec"):
         frozen.load_split("zucchet-icl", "test")  # a name alone is not enough

@@ -3,18 +3,27 @@
 import pytest
 import torch
 
-from zoo.analysis.polynomial import (
-    coefficients, monomials, polynomial_distance, prediction_map, regression_coefficient_table,
+from zoo.science.analysis.polynomial import (
+    coefficients,
+    monomials,
+    polynomial_distance,
+    prediction_map,
+    regression_coefficient_table,
 )
-from zoo.analysis.rnn import active_neurons, imperfect_memory_effect, kv_q_scores, memory_leak, prune, prune_by_function
-from zoo.constructions import construct_gd_lsa
-from zoo.models.gated_rnn import rnn_from_lsa, rnn_size
-from zoo.models.lsa import lsa_weights, teacher_lsa
-from zoo.models.gated_rnn import GatedLinearRNN
-from zoo.models.lsa import LinearSelfAttention
-from zoo.models.scan import last_state, parallel_scan, scan, sequential_scan
-from zoo.tasks.regression import LinearRegressionTask, Readout
-from zoo.tasks.teacher import LSATeacherTask
+from zoo.science.analysis.rnn import (
+    active_neurons,
+    imperfect_memory_effect,
+    kv_q_scores,
+    memory_leak,
+    prune,
+    prune_by_function,
+)
+from zoo.science.constructions import construct_gd_lsa
+from zoo.science.models.gated_rnn import GatedLinearRNN, rnn_from_lsa, rnn_size
+from zoo.science.models.lsa import LinearSelfAttention, lsa_weights, teacher_lsa
+from zoo.science.models.scan import last_state, parallel_scan, scan, sequential_scan
+from zoo.science.tasks.regression import LinearRegressionTask, Readout
+from zoo.science.tasks.teacher import LSATeacherTask
 
 READOUT = Readout(position=None, start=0, stop=5, sign=1.0)
 
@@ -192,7 +201,7 @@ def test_rnn_that_does_gd_on_zucchet_task():
     construct_gd_lsa(lsa, 3, task.analytic_eta())
     rnn = lsa_rnn(lsa_weights(lsa), task.readout)
     b = task.sample(500, seed=4, dtype=torch.float64)
-    from zoo.tasks.regression import gd_predict
+    from zoo.science.tasks.regression import gd_predict
 
     torch.testing.assert_close(rnn.predict(b.tokens), gd_predict(b, task.analytic_eta()), rtol=0, atol=1e-10)
 
@@ -341,8 +350,8 @@ def test_memory_leak():
 
 @pytest.mark.parametrize("recurrence", ["diagonal", "dense"])
 def test_recurrent_lr_and_no_decay_reach_only_nu(recurrence):
-    from zoo.registry import TrainRecipe
-    from zoo.train import make_optimizer
+    from zoo.running.train import make_optimizer
+    from zoo.science.registry import TrainRecipe
 
     model = GatedLinearRNN(4, 4, Readout(None, 0, 4, 1.0), hidden=6, recurrence=recurrence)
     opt = make_optimizer(model, TrainRecipe(kind="trained", lr=1e-3, recurrent_lr=1e-2, weight_decay=1e-4,

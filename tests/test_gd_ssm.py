@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import zoo
-from zoo.models.gd_ssm import GDSSM, construct_gd_ssm
-from zoo.registry import get_task_spec, list_entries
-from zoo.tasks.regression import LinearRegressionTask, gd_predict, gd_weights
+from zoo.science.models.gd_ssm import GDSSM, construct_gd_ssm
+from zoo.science.registry import get_task_spec, list_entries
+from zoo.science.tasks.regression import LinearRegressionTask, gd_predict, gd_weights
 
 
 def constructed(task: LinearRegressionTask, n_layers=1, ridge=0.0, eta=0.05, window=None):
@@ -124,8 +124,8 @@ def test_gd_ssm_entries_exist_for_each_construction():
 def test_training_a_toy_gd_ssm_approaches_gd(tmp_path):
     """A small 1-D GD-SSM from random init reaches the one-step GD loss on CPU in seconds (it
     sits on a plateau near 0.38 for ~800 steps first; measured: 0.1158 vs GD 0.1146)."""
-    from zoo.registry import TrainRecipe
-    from zoo.train import train
+    from zoo.running.train import train
+    from zoo.science.registry import TrainRecipe
 
     task = LinearRegressionTask(d_x=3, d_y=1, n_context=10, layout="products")
     torch.manual_seed(0)
@@ -142,8 +142,8 @@ def test_plateau_escape_init_options():
     """`arch.beta_init` sets β of every layer and `arch.zero_output` starts D at 0 (the output is 0,
     the other weights as the seed draws them): the feature-dimension sweep uses both, because from
     β = 0.1 and a random D the degree-6 output stays on the zero-predictor plateau at f = 20."""
-    from zoo.models import create_model
-    from zoo.registry import RegistryError, with_overrides
+    from zoo.science.models import create_model
+    from zoo.science.registry import RegistryError, with_overrides
 
     entry = with_overrides(zoo.get_entry("gd-ssm-nd-2layer"), {"arch.beta_init": 1.0})
     task = get_task_spec(entry.task).build()
@@ -164,8 +164,8 @@ def test_plateau_escape_init_options():
 
 
 def test_recurrent_lr_gets_its_own_param_group():
-    from zoo.registry import TrainRecipe
-    from zoo.train import make_optimizer
+    from zoo.running.train import make_optimizer
+    from zoo.science.registry import TrainRecipe
 
     model = GDSSM(7, 2, LinearRegressionTask(d_x=3, d_y=2, n_context=4, layout="interleaved").readout, n_layers=2, value_dim=2, key_dim=3)
     opt = make_optimizer(model, TrainRecipe(kind="trained", lr=2e-4, recurrent_lr=1e-4, weight_decay=0.05,
@@ -177,7 +177,7 @@ def test_recurrent_lr_gets_its_own_param_group():
 
 
 def test_task_spec_rejects_products_with_vector_targets():
-    from zoo.registry import TASK_ADAPTER
+    from zoo.science.registry import TASK_ADAPTER
 
     with pytest.raises(Exception, match="d_y = 1"):
         TASK_ADAPTER.validate_python({"kind": "linear_regression", "d_x": 3, "d_y": 2, "n_context": 4,
@@ -187,8 +187,8 @@ def test_task_spec_rejects_products_with_vector_targets():
 
 def test_input_scale_curve_constructed_matches_gd_and_s5_does_not():
     """Figs. 1D/2D: a GD-SSM is GD at every input scale; an (untrained) S5 is not."""
-    from zoo.evaluation import input_scale_curve
-    from zoo.models import create_model
+    from zoo.science.evaluation import input_scale_curve
+    from zoo.science.models import create_model
 
     task = get_task_spec("gdssm-1d-f10-n10").build()
     model = constructed(task, eta=task.analytic_eta()).float()
@@ -220,7 +220,7 @@ def test_sine_tasks_are_sine_waves_in_their_ranges():
 
 
 def test_nonlinear_gd_ssm_is_not_constructible():
-    from zoo.models.gd_ssm import shape_problem
+    from zoo.science.models.gd_ssm import shape_problem
 
     dims = {"window": 3, "n_layers": 1, "value_dim": 1, "key_dim": 1, "embed": 16, "mlp": 32}
     assert "no input embedding" in shape_problem(dims, "interleaved", 1, 1)
@@ -230,11 +230,11 @@ def test_nonlinear_gd_ssm_is_not_constructible():
 def test_training_from_the_construction_with_frozen_layers(tmp_path):
     """`source.init` + `source.freeze`: before training the model *is* the GD construction (the
     gated unit starts as the identity), and training moves only the unfrozen gated unit."""
-    from zoo.builder import _initialise
-    from zoo.evaluation import evaluate
-    from zoo.models import create_model
-    from zoo.registry import get_entry, get_task_spec
-    from zoo.tasks.frozen import load_split
+    from zoo.running.builder import _initialise
+    from zoo.science.evaluation import evaluate
+    from zoo.science.models import create_model
+    from zoo.science.registry import get_entry, get_task_spec
+    from zoo.science.tasks.frozen import load_split
 
     entry = get_entry("gd-ssm-sine-gd-mlp")
     task = get_task_spec(entry.task).build()

@@ -1,13 +1,13 @@
-"""The GD-SSM's gauge-free kernels (zoo/analysis/gd_ssm_kernels.py, Sushma, Tian et al. Figs. 3/5):
+"""The GD-SSM's gauge-free kernels (zoo/science/analysis/gd_ssm_kernels.py, Sushma, Tian et al. Figs. 3/5):
 they reproduce the model's output, survive every symmetry of the weights, and tell different
 functions apart."""
 
 import pytest
 import torch
 
-from zoo.analysis.gd_ssm_kernels import compare, compare_with_construction, function_tensor, kernels
-from zoo.models.gd_ssm import GDSSM, construct_gd_ssm
-from zoo.tasks.regression import LinearRegressionTask
+from zoo.science.analysis.gd_ssm_kernels import compare, compare_with_construction, function_tensor, kernels
+from zoo.science.models.gd_ssm import GDSSM, construct_gd_ssm
+from zoo.science.tasks.regression import LinearRegressionTask
 
 TASKS = {
     "products": LinearRegressionTask(d_x=4, d_y=1, n_context=6, layout="products"),
@@ -115,7 +115,7 @@ def test_the_fold_keeps_slot_offsets_apart():
 
 
 def test_comparison_leaves_the_model_alone_and_refuses_other_models():
-    from zoo.models.lsa import LinearSelfAttention
+    from zoo.science.models.lsa import LinearSelfAttention
 
     task = TASKS["interleaved"]
     model = random_model(task, 8).float()

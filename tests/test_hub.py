@@ -13,10 +13,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import zoo
-from zoo import hub, locate
-from zoo.checkpoint import CheckpointError
-from zoo.evaluation import evaluate
-from zoo.tasks.frozen import DatasetHashMismatch, load_split_from_hub
+from zoo.publishing import hub
+from zoo.science.evaluation import evaluate
+from zoo.science.tasks.frozen import DatasetHashMismatch, load_split_from_hub
+from zoo.storage import locate
+from zoo.storage.checkpoint import CheckpointError
 
 MODEL_REPO, DATASET_REPO = "icl-zoo-test/lsa-d10-c10", "icl-zoo-test/linreg-d10-c10"
 
@@ -126,7 +127,7 @@ def test_publish_to_real_hub_makes_the_right_calls(published, monkeypatch):
 
 
 def test_stream_a_hub_repo_with_onnx(published, tmp_path, monkeypatch):
-    from zoo.export.streaming import StreamingSession
+    from export.streaming import StreamingSession
 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     session = StreamingSession(MODEL_REPO, endpoint=published["endpoint"])

@@ -26,7 +26,7 @@ from huggingface_hub import (
 )
 from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, RevisionNotFoundError
 
-from zoo import hub
+from zoo.publishing import hub
 
 SECRET = b"TOP-SECRET-5f1d2c outside the hub"
 SECRET_COMMIT = "SECRET-COMMIT-9a7e outside the hub"
@@ -213,10 +213,10 @@ def _parameters(path: Path) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def release_hub(tmp_path_factory):
     """A one-entry release (ENTRY's released folder and an index of its files) prepared into a hub with
-    zoo.hub_prepare (model repo + its task's dataset repo, tagged with the version), then a second
-    commit on the model's main, and another organisation's repo; served by `zoo.hub.start_server`."""
-    from zoo.hub_prepare import prepare
-    from zoo.locate import VERSION, release_dir
+    zoo.publishing.hub_prepare (model repo + its task's dataset repo, tagged with the version), then a second
+    commit on the model's main, and another organisation's repo; served by `zoo.publishing.hub.start_server`."""
+    from zoo.publishing.hub_prepare import prepare
+    from zoo.storage.locate import VERSION, release_dir
 
     tmp = tmp_path_factory.mktemp("release-hub")
     release = tmp / "release"
@@ -253,7 +253,7 @@ def test_prepare_once_per_release(release_hub):
     h = release_hub
     assert h.marker["reused"] is False and h.again["reused"] is True and h.again["key"] == h.marker["key"]
     assert set(h.marker["models"]) == {ENTRY} and set(h.marker["datasets"]) == {h.task}
-    from zoo.hub_prepare import is_prepared, release_key
+    from zoo.publishing.hub_prepare import is_prepared, release_key
 
     assert is_prepared(h.root, h.marker["key"])
     changed = h.tmp / "release-changed"

@@ -3,10 +3,9 @@
 import pytest
 import torch
 
-from zoo.models.lsa import construct_gd_lsa
-from zoo.models import NotRecurrentError
-from zoo.models.lsa import LinearSelfAttention
-from zoo.tasks.regression import LinearRegressionTask, gd_predict
+from zoo.science.models import NotRecurrentError
+from zoo.science.models.lsa import LinearSelfAttention, construct_gd_lsa
+from zoo.science.tasks.regression import LinearRegressionTask, gd_predict
 
 TASKS = [
     LinearRegressionTask(d_x=10, d_y=1, n_context=10),  # blogpost
@@ -76,7 +75,7 @@ def test_wrong_state_shape_is_a_clear_error():
 def test_loop_curve_of_theta_gd_is_k_steps_of_damped_gd(rng):
     """Blogpost Figure 13: θ_GD (trained-from-one-layer shape, strict causal) applied K times with
     dampening λ is K GD steps at rate λη; the original model is left untouched."""
-    from zoo.evaluation import loop_curve
+    from zoo.science.evaluation import loop_curve
 
     task = TASKS[0]
     eta = task.analytic_eta()
@@ -95,7 +94,7 @@ def test_loop_curve_of_theta_gd_is_k_steps_of_damped_gd(rng):
 def test_zeroing_x_updates_keeps_the_one_layer_prediction(rng):
     """W_P's x-rows never reach a single application's read-out, so zeroing them (before looping
     a trained layer) leaves K = 1 exactly as trained and changes K > 1."""
-    from zoo.evaluation import loop_curve
+    from zoo.science.evaluation import loop_curve
 
     task = TASKS[0]
     model = LinearSelfAttention(task.token_dim, task.readout, attention="strict_causal", init_std=0.3).double()
@@ -112,8 +111,8 @@ def test_constant_channel_lets_one_layer_do_gd_on_the_products_layout():
     """On c_t = (x_t y_t, x_{t+1}) a bias-free LSA is odd in the tokens and cannot beat the zero
     predictor; with the constant channel and no residual, one causal layer is one GD step:
     k = x_t y_t, q = x_{t+1}, v = the constant into output channel 0, W_P = η I."""
-    from zoo.models import create_model
-    from zoo.registry import get_entry, get_task_spec
+    from zoo.science.models import create_model
+    from zoo.science.registry import get_entry, get_task_spec
 
     entry = get_entry("lsa-1l-gdssm-1d")
     task = get_task_spec(entry.task).build()
@@ -140,8 +139,8 @@ def test_constant_channel_lets_one_layer_do_gd_on_the_products_layout():
 def test_gd_rate_curve_peaks_at_the_rate_the_model_implements(rng):
     """Blogpost Figure 12: θ_GD built with rate η₀ is GD at η₀ exactly (prediction and gradient L2
     zero, the closest η is η₀), farther at every other η, and its cosine is 1 whatever η."""
-    from zoo.evaluation import gd_rate_curve
-    from zoo.tasks.regression import empirical_eta
+    from zoo.science.evaluation import gd_rate_curve
+    from zoo.science.tasks.regression import empirical_eta
 
     task = TASKS[0]
     eta0 = 0.8 * task.analytic_eta()

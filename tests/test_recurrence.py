@@ -14,14 +14,13 @@ test_export.py."""
 import numpy as np
 import pytest
 import torch
-
-from zoo.export.streaming import StreamingSession
-from zoo.export.onnx_export import export_step
-from zoo.constructions import construct
-from zoo.models import FAMILY_OF_TYPE, create_model
-from zoo.registry import get_entry, get_task_spec, list_entries, with_overrides
-
 from stream_parity import assert_parity, stream_tokens
+
+from export.onnx_export import export_step
+from export.streaming import StreamingSession
+from zoo.science.constructions import construct
+from zoo.science.models import FAMILY_OF_TYPE, create_model
+from zoo.science.registry import get_entry, get_task_spec, list_entries, with_overrides
 
 STREAM_LEN = 1000
 
@@ -148,7 +147,7 @@ def test_forward_equals_iterated_step_equals_onnx(entry, tmp_path):
 def test_query_jacobian_by_step_equals_autograd_through_forward(entry):
     """The evaluation's fast path (one `step` from the context's state) is the reference's ∂ŷ/∂x_query,
     autograd through the whole forward, on every recurrent code path (float64)."""
-    from zoo.evaluation import query_jacobian_autograd, query_jacobian_by_step
+    from zoo.science.evaluation import query_jacobian_autograd, query_jacobian_by_step
 
     model, task = model_for(entry)
     tokens = task.sample(7, seed=13, dtype=torch.float64).tokens

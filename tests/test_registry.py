@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 import zoo
-from zoo.models import create_model
-from zoo.registry import RegistryError, default_registry, get_entry, list_entries, load_registry
+from zoo.science.models import create_model
+from zoo.science.registry import RegistryError, default_registry, get_entry, list_entries, load_registry
 
 GOOD_TASK = """
 [tasks.t]
@@ -110,7 +110,7 @@ def test_task_fields_are_checked_as_the_task_class_declares_them(tmp_path, task,
 
 
 def test_a_deviation_names_the_entry_with_the_papers_recipe():
-    from zoo.registry import get_entry
+    from zoo.science.registry import get_entry
 
     entry = get_entry("gated-rnn-zucchet-icl")
     paper = get_entry(entry.paper_recipe)
@@ -121,7 +121,7 @@ def test_a_deviation_names_the_entry_with_the_papers_recipe():
 def test_paper_recipe_without_a_deviation_is_refused(tmp_path):
     import shutil
 
-    from zoo.registry import ENTRIES_DIR, RegistryError, load_registry
+    from zoo.science.registry import ENTRIES_DIR, RegistryError, load_registry
 
     for f in ENTRIES_DIR.glob("*.toml"):
         shutil.copy(f, tmp_path / f.name)
@@ -170,8 +170,8 @@ def test_a_construction_takes_the_knobs_its_family_declares(tmp_path, source, ex
 
 def test_construction_sources_are_the_families_knobs():
     """A constructed source is `kind`, `construction` and exactly the knobs its rule declares (ConstructionRule.knobs)."""
-    from zoo.models import CONSTRUCTIONS
-    from zoo.registry import CONSTRUCTION_SOURCES, Construction
+    from zoo.science.models import CONSTRUCTIONS
+    from zoo.science.registry import CONSTRUCTION_SOURCES, Construction
 
     assert set(CONSTRUCTION_SOURCES) == set(CONSTRUCTIONS)
     for name, (_, rule) in CONSTRUCTIONS.items():
@@ -184,7 +184,7 @@ def test_a_constructed_checkpoint_of_an_older_zoo_still_validates():
     """Before each construction declared its knobs, a config.json held the one schema's four (lsa, scale,
     compact, eta) for every construction: those it did not read, at their defaults, are dropped on load
     (outside the registry), and its fingerprint is the one it was built with. Anything else is refused."""
-    from zoo.registry import Entry, definition_sha256, get_task_spec
+    from zoo.science.registry import Entry, definition_sha256, get_task_spec
 
     entry = get_entry("lsa-gd-d10-c10")
     data, task = entry.model_dump(mode="json"), get_task_spec(entry.task).model_dump(mode="json")
@@ -211,7 +211,8 @@ source = { kind = "constructed", construction = "gd" }
 
 def test_an_entry_file_carries_its_own_citation(tmp_path, monkeypatch):
     """A file's [paper] table is what its entries' cards cite, link and tag (papers.toml not needed)."""
-    from zoo import card, registry
+    from zoo.science import registry
+    from zoo.storage import card
 
     reg = load_registry(write(tmp_path, CITED))
     monkeypatch.setattr(registry, "default_registry", lambda: reg)
@@ -225,7 +226,7 @@ def test_an_entry_file_carries_its_own_citation(tmp_path, monkeypatch):
 
 
 def test_the_zoo_files_without_a_paper_table_cite_papers_toml():
-    from zoo import card
+    from zoo.storage import card
 
     entry = get_entry("gated-rnn-zucchet-icl")
     assert "zucchet2023gated" in card.citation(entry) and "Zucchet et al." in card.prose(entry)
@@ -233,12 +234,12 @@ def test_the_zoo_files_without_a_paper_table_cite_papers_toml():
 
 
 def test_every_metric_evaluation_writes_is_declared_once():
-    """zoo/metrics.py is the one list of metrics: a card, a report and a sweep take labels and
+    """zoo/science/metrics.py is the one list of metrics: a card, a report and a sweep take labels and
     columns from it, and every scalar a built checkpoint's evaluation writes is in it."""
-    from zoo import metrics
-    from zoo.card import METRIC_NAMES
-    from zoo.report import COLUMNS
-    from zoo.sweep import RESULT_COLUMNS
+    from zoo.publishing.report import COLUMNS
+    from zoo.running.sweep import RESULT_COLUMNS
+    from zoo.science import metrics
+    from zoo.storage.card import METRIC_NAMES
 
     assert len(metrics.BY_KEY) == len(metrics.METRICS)
     assert set(METRIC_NAMES) | set(RESULT_COLUMNS) <= set(COLUMNS) == set(metrics.BY_KEY)
@@ -254,8 +255,8 @@ def test_a_family_is_one_module():
     exactly the families'."""
     from typing import get_args
 
-    from zoo.models import CONSTRUCTIONS, FAMILIES, FAMILY_OF_TYPE
-    from zoo.registry import Arch, ConstructionName
+    from zoo.science.models import CONSTRUCTIONS, FAMILIES, FAMILY_OF_TYPE
+    from zoo.science.registry import Arch, ConstructionName
 
     assert {f.name for f in FAMILIES} >= {"lsa", "gated_rnn", "gd_ssm", "fast_weight", "stack", "softmax_transformer"}
     for family in FAMILIES:
@@ -272,8 +273,8 @@ def test_a_family_is_one_module():
 
 
 def test_a_construction_on_the_wrong_type_of_a_family_names_the_type_it_needs():
-    from zoo.models import construction_problem
-    from zoo.registry import Construction, get_task_spec
+    from zoo.science.models import construction_problem
+    from zoo.science.registry import Construction, get_task_spec
 
     entry = get_entry("lstm-gd-zucchet-icl")
     gru = entry.arch.model_copy(update={"type": "gru"})
@@ -332,7 +333,7 @@ def test_deviations_are_declared_once_and_named(tmp_path):
 def test_the_fingerprint_covers_only_what_determines_the_weights():
     """Expected values, tolerances, notes, declared departures and a task's description are documentation:
     changing them never makes a released entry stale (zoo release refresh re-renders cards and index)."""
-    from zoo.registry import definition_sha256, get_task_spec
+    from zoo.science.registry import definition_sha256, get_task_spec
 
     entry = get_entry("gated-rnn-zucchet-icl")
     data, task = entry.model_dump(mode="json"), get_task_spec(entry.task).model_dump(mode="json")
@@ -345,7 +346,7 @@ def test_the_fingerprint_covers_only_what_determines_the_weights():
 
 def test_a_checkpoint_of_an_older_zoo_still_validates():
     """config.json of earlier releases: expected values without a source, a deviation as one sentence."""
-    from zoo.registry import Entry
+    from zoo.science.registry import Entry
 
     data = get_entry("gated-rnn-zucchet-icl").model_dump(mode="json")
     data["expected"] = {"test_loss": {"value": 0.0945, "rel_tol": 0.03, "log10_tol": None, "note": ""}}
@@ -355,8 +356,8 @@ def test_a_checkpoint_of_an_older_zoo_still_validates():
 
 
 def test_claims_are_checked_as_what_they_are():
-    from zoo.expected import check, verdict
-    from zoo.registry import Entry, Expected
+    from zoo.science.expected import check, verdict
+    from zoo.science.registry import Entry, Expected
 
     def entry(**expected):
         data = get_entry("lsa-gd-zucchet-icl").model_dump(mode="json")

@@ -15,13 +15,14 @@ import pytest
 import torch
 
 import zoo
-from zoo import hub, locate, release
-from zoo.checkpoint import read_checkpoint
-from zoo.evaluation import rescore
-from zoo.expected import PAIRED_KEYS, check, verdict
-from zoo.models import FAMILY_OF_TYPE
-from zoo.registry import RegistryError, default_registry
-from zoo.tasks.frozen import load_split_from_hub
+from zoo.publishing import hub, release
+from zoo.science.evaluation import rescore
+from zoo.science.expected import PAIRED_KEYS, check, verdict
+from zoo.science.models import FAMILY_OF_TYPE
+from zoo.science.registry import RegistryError, default_registry
+from zoo.science.tasks.frozen import load_split_from_hub
+from zoo.storage import locate
+from zoo.storage.checkpoint import read_checkpoint
 
 INDEX = locate.read_index()
 RELEASED = sorted(INDEX["entries"])
@@ -125,7 +126,7 @@ def test_released_entry_pulls_rescores_and_streams(served, name):
     (out,) = sequence.run(None, {"tokens": tokens.numpy()})
     graphs = [out]
     if (folder / "model_step.onnx").exists():
-        from zoo.export.streaming import StreamingSession
+        from export.streaming import StreamingSession
 
         session = StreamingSession(folder)
         session.reset(tokens.shape[0])
@@ -155,7 +156,7 @@ def test_plain_clients_with_hf_endpoint(served, tmp_path):
 
     code = f"""
 import datasets, numpy as np, zoo
-from zoo.export.streaming import StreamingSession
+from export.streaming import StreamingSession
 ds = datasets.load_dataset("icl-zoo/zucchet-icl", split="test", revision="{INDEX['version']}")
 ckpt = zoo.load("icl-zoo/gated-rnn-zucchet-icl", revision="{INDEX['version']}")
 bare = zoo.load("gated-rnn-zucchet-icl")  # HF_ENDPOINT set: from the hub, at the release tag, index-verified
@@ -241,12 +242,12 @@ def test_tampered_released_folder_is_refused(small_release, monkeypatch, tamper)
 
 
 # ---------------------------------------------------------------- cards
-STREAMING_IMPORT = "from zoo.export.streaming import StreamingSession"
+STREAMING_IMPORT = "from export.streaming import StreamingSession"
 LEGACY_STREAMING_IMPORT = "from export import StreamingSession"
 
 
 def test_card_template_imports_the_streaming_package_by_its_name():
-    from zoo.card import templates_dir
+    from zoo.storage.card import templates_dir
 
     template = (templates_dir() / "card.md.j2").read_text()
     assert STREAMING_IMPORT in template and LEGACY_STREAMING_IMPORT not in template
@@ -266,7 +267,7 @@ def test_card_snippets_run_verbatim(name, monkeypatch, capsys):
     blocks = _python_blocks(card)
     assert blocks, "a card without a usage snippet"
     monkeypatch.chdir(locate.release_dir() / name)  # as in the downloaded repo folder
-    assert LEGACY_STREAMING_IMPORT not in card  # rendered after the rename to zoo.export
+    assert LEGACY_STREAMING_IMPORT not in card  # rendered after the rename to export
     # The dataset-row snippet needs the dataset repo from a hub: tests/test_card_contract.py runs it against the
     # repo's files (offline here); every other block runs verbatim.
     from_dataset = [b for b in blocks if "load_dataset(" in b]
@@ -347,7 +348,7 @@ def test_eval_scores_the_shifted_validation_split(capsys, monkeypatch):
     assert main(["eval", "gated-rnn-gd-zucchet-icl", "--split", "validation", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["dataset"] == "zucchet-icl/validation"
-    assert out["dataset_sha256"] == zoo.registry.get_task_spec("zucchet-icl").splits["validation"].sha256
+    assert out["dataset_sha256"] == zoo.science.registry.get_task_spec("zucchet-icl").splits["validation"].sha256
     test = INDEX["entries"]["gated-rnn-gd-zucchet-icl"]["test_loss"]
     assert out["test_loss"] == pytest.approx(out["gd_loss"], rel=1e-4)  # the construction is GD
     assert out["test_loss"] == pytest.approx(2 * test, rel=0.05)  # ½ σ_W² … : twice the variance of W*

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from zoo import release
+from zoo.publishing import release
 
 
 def test_plan_measures_eager_and_compiled_and_totals_them(capsys):
@@ -37,11 +37,11 @@ def test_release_build_trains_compiled_within_its_budget_and_constructs(tmp_path
     assert config["provenance"]["compiled"] is True and config["provenance"]["steps"] == trained["steps"]
     assert constructed["source"] == "constructed" and constructed["verdict"].startswith("meets")
     capsys.readouterr()
-    import zoo.builder
-    import zoo.models
+    import zoo.running.builder
+    import zoo.science.models
 
-    made, create_model = [], zoo.models.create_model
-    for module in (zoo.models, zoo.builder):  # every name the build reaches create_model by
+    made, create_model = [], zoo.science.models.create_model
+    for module in (zoo.science.models, zoo.running.builder):  # every name the build reaches create_model by
         monkeypatch.setattr(module, "create_model", lambda *a, **k: made.append(1) or create_model(*a, **k))
     eager = release.build_release(tmp_path / "eager", only=["fast-weight-triples"], time_budget=1, device="cpu",
                                   progress=True, compiled=False)
@@ -56,7 +56,7 @@ def test_release_build_trains_compiled_within_its_budget_and_constructs(tmp_path
 
 def test_no_cpp_compiler_means_an_eager_build(monkeypatch):
     """Inductor writes C++ on a CPU: with no compiler on the PATH the build trains eagerly instead of failing."""
-    from zoo.train import can_compile
+    from zoo.running.train import can_compile
 
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setenv("PATH", "/nonexistent")
@@ -65,12 +65,12 @@ def test_no_cpp_compiler_means_an_eager_build(monkeypatch):
 
 
 def test_one_training_mode_decides_for_build_sweep_and_release(monkeypatch):
-    """zoo.train.training_mode: ensemble / CUDA graph / compiled, one rule for every command. Without a
+    """zoo.running.train.training_mode: ensemble / CUDA graph / compiled, one rule for every command. Without a
     C++ compiler an asked-for compile falls back to eager (it used to fail in `zoo sweep --compile`)."""
     from types import SimpleNamespace
 
-    from zoo import train
-    from zoo.train import TrainingMode
+    from zoo.running import train
+    from zoo.running.train import TrainingMode
 
     vmappable = SimpleNamespace(vmappable=True, compile_pays=True)
     fused = SimpleNamespace(vmappable=False, compile_pays=False)  # nn.LSTM / nn.GRU kernels

@@ -26,8 +26,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from zoo.export.streaming import MAX_STATE_ELEMENTS, StreamError, StreamingSession
-from zoo.export.token_io import (
+from export.streaming import MAX_STATE_ELEMENTS, StreamError, StreamingSession
+from export.token_io import (
     NPY_PUSH_TOKENS,
     NPY_PUSH_VALUES,
     TokenError,

@@ -18,8 +18,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from zoo.export.scan_graph import hoisted_step_graph, scan_step_graph
-from zoo.export.streaming import CHUNK_GRAPHS, StreamError, StreamingSession
+from export.scan_graph import hoisted_step_graph, scan_step_graph
+from export.streaming import CHUNK_GRAPHS, StreamError, StreamingSession
 
 RELEASE = Path(__file__).resolve().parents[1] / "release"
 GATED = RELEASE / "gated-rnn-gd-zucchet-icl"
@@ -233,7 +233,7 @@ def test_a_hoisted_graph_that_disagrees_with_the_scanned_step_is_not_used(monkey
     halved) is dropped and the session streams with the others, exactly."""
     from onnx import numpy_helper
 
-    from zoo.export import scan_graph
+    from export import scan_graph
 
     real = scan_graph.hoisted_step_graph
 

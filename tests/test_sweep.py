@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 import zoo
-from zoo.registry import RegistryError, with_overrides
-from zoo.report import collect, write_report
-from zoo.sweep import expand, load_spec, run_sweep
+from zoo.publishing.report import collect, write_report
+from zoo.running.sweep import expand, load_spec, run_sweep
+from zoo.science.registry import RegistryError, with_overrides
 
 SPEC = """
 name = "tiny"
@@ -114,13 +114,13 @@ def test_a_sweep_run_validates_its_entry_once_and_builds_its_model_once(tmp_path
     """`expand` validates each (entry, overrides) once and every run carries the result; each run's
     model is built once: no second validation in the builder, no probe model to ask whether the
     family vmaps, no reading an ensemble's members back from disk to fill in their rows."""
-    import zoo.builder
-    import zoo.checkpoint
-    import zoo.models
-    from zoo.registry import Entry
+    import zoo.running.builder
+    import zoo.science.models
+    import zoo.storage.checkpoint
+    from zoo.science.registry import Entry
 
     calls = {"validate": 0, "create_model": 0}
-    validate, create_model = Entry.model_validate.__func__, zoo.models.create_model
+    validate, create_model = Entry.model_validate.__func__, zoo.science.models.create_model
 
     def counted_validate(cls, *args, **kwargs):
         calls["validate"] += 1
@@ -134,7 +134,7 @@ def test_a_sweep_run_validates_its_entry_once_and_builds_its_model_once(tmp_path
                           f'seeds = {seeds}\nensemble = {str(ensemble).lower()}\n[grid]\n"source.batch_size" = [8]\n')
     zoo.get_entry("lsa-d10-c10")  # the registry itself is loaded (and validated) once per process, not per run
     monkeypatch.setattr(Entry, "model_validate", classmethod(counted_validate))
-    for module in (zoo.models, zoo.builder, zoo.checkpoint):  # every module that builds models by this name
+    for module in (zoo.science.models, zoo.running.builder, zoo.storage.checkpoint):  # every module that builds models by this name
         monkeypatch.setattr(module, "create_model", counted_create_model)
     rows = run_sweep(spec, tmp_path / "out", progress=False)
     assert [r["status"] for r in rows] == (["built (ensemble of 2)"] * 2 if ensemble else ["built"])
@@ -161,7 +161,7 @@ def test_ensemble_sweep_builds_constructed_and_unvmappable_entries_one_by_one(tm
 def test_an_ensemble_sweep_trains_a_recipe_that_skips_one_seed_at_a_time(tmp_path):
     """`lsa-5l-d10-c10` skips overflowing steps (max_skipped_steps), which an ensemble cannot: its
     seeds are built one by one, and the release build does not replay it as a CUDA graph."""
-    from zoo.release import training_mode
+    from zoo.publishing.release import training_mode
 
     spec_file = tmp_path / "s.toml"
     spec_file.write_text('name = "skips"\nentries = ["lsa-5l-d10-c10"]\nseeds = [0, 1]\nsteps = 2\nensemble = true\ngraphs = false\n')
@@ -172,7 +172,7 @@ def test_an_ensemble_sweep_trains_a_recipe_that_skips_one_seed_at_a_time(tmp_pat
 
 
 def test_task_variants_for_context_size_sweeps(tmp_path):
-    from zoo.registry import get_task_spec
+    from zoo.science.registry import get_task_spec
 
     entry = with_overrides(zoo.get_entry("lsa-gd-d10-c10"), {"task.n_context": 4})
     assert entry.task == "linreg-d10-c10--n_context=4"
@@ -241,7 +241,7 @@ def test_report_scans_a_task_field(tmp_path):
 
 def test_scan_lines_drop_the_overrides_every_run_shares():
     """Scan rows keep only the overrides that tell runs apart; the shared ones are printed once."""
-    from zoo.report import _drop_shared_overrides
+    from zoo.publishing.report import _drop_shared_overrides
 
     lines = ["gd-ssm-1d--seed0--beta=1--lr=3", "gd-ssm-1d--seed1--beta=1--lr=3",
              "gd-ssm-1d--seed0--key_dim=4--beta=1--lr=3", "gd-ssm-gd-1d--beta=1"]
@@ -273,7 +273,7 @@ def test_report_summarises_seeds_and_regenerates_from_its_json(tmp_path):
 def test_report_input_scales_and_weights_of_a_construction(tmp_path):
     """On the constructed GD-SSM the input-scale curve is GD's at every α (Figs. 1D/2D) and the
     weights are the construction's (Fig. 3): cosine 1, Λ = 1."""
-    from zoo.builder import build
+    from zoo.running.builder import build
 
     build("gd-ssm-gd-nd", tmp_path / "gd-ssm-gd-nd", progress=False, graphs=False)
     rows = collect([tmp_path / "gd-ssm-gd-nd"], input_scales=[0.5, 2.0], weights=True)
@@ -293,7 +293,7 @@ def test_report_input_scales_and_weights_of_a_construction(tmp_path):
 def test_report_analyses_skip_what_they_do_not_apply_to(tmp_path):
     """`--weights` on an LSA records why it does not apply instead of stopping the report; a sweep's
     results.json (rows keyed by run) is refused with a pointer to the sweep folder."""
-    from zoo.builder import build
+    from zoo.running.builder import build
 
     build("lsa-gd-zucchet-icl", tmp_path / "lsa", progress=False)
     rows = collect([tmp_path / "lsa"], weights=True)
@@ -309,9 +309,9 @@ def test_report_plots_validation_loss_during_training_and_times_each_decade(tmp_
     """A checkpoint's training history becomes its row's validation curve (rows without a finite
     validation loss left out), a table of the first evaluation below each decade, and a figure;
     a history that is not a list of rows is refused, naming the file."""
-    from zoo.builder import build
-    from zoo.checkpoint import CheckpointError
-    from zoo.report import validation_curve
+    from zoo.publishing.report import validation_curve
+    from zoo.running.builder import build
+    from zoo.storage.checkpoint import CheckpointError
 
     folder = tmp_path / "lsa"
     build("lsa-gd-zucchet-icl", folder, progress=False)  # a construction: no history

@@ -5,10 +5,14 @@ import math
 import pytest
 import torch
 
-from zoo.registry import get_task_spec
-from zoo.tasks.frozen import load_split
-from zoo.tasks.regression import (
-    LinearRegressionTask, empirical_eta, gd_predict, least_squares_predict, line_search_eta,
+from zoo.science.registry import get_task_spec
+from zoo.science.tasks.frozen import load_split
+from zoo.science.tasks.regression import (
+    LinearRegressionTask,
+    empirical_eta,
+    gd_predict,
+    least_squares_predict,
+    line_search_eta,
 )
 
 
@@ -96,7 +100,7 @@ def _tokens_by_the_written_rule(layout: dict, x, y):
 def test_token_layout_states_how_a_row_becomes_tokens(layout):
     """The layout a graph's metadata states is the one the zoo scores with: tokens built from the stated
     rule equal `batch_from_arrays`, the shapes are the stated ones, and the query's y never reaches them."""
-    from zoo.tasks.teacher import LSATeacherTask
+    from zoo.science.tasks.teacher import LSATeacherTask
 
     task = (LSATeacherTask(d=3, seq_len=5) if layout == "teacher" else
             LinearRegressionTask(d_x=2, d_y=1 if layout == "products" else 2, n_context=4, layout=layout))
@@ -115,7 +119,7 @@ def test_token_layout_states_how_a_row_becomes_tokens(layout):
 def test_baseline_losses_are_computed_per_split_and_rate():
     """The evaluation's baselines are reused for the same data and rate only: equal to computing them
     afresh, and a different split or rate gets its own."""
-    from zoo.evaluation import baseline_losses
+    from zoo.science.evaluation import baseline_losses
 
     task = LinearRegressionTask(d_x=3, d_y=1, n_context=6, layout="triples")
     a, b = (task.sample(300, seed=s, dtype=torch.float64) for s in (1, 2))

@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from zoo.models.lsa import LinearSelfAttention
-from zoo.registry import TrainRecipe
-from zoo.tasks.regression import LinearRegressionTask
-from zoo.train import META_FILE, TrainingDiverged, lr_factor, train
+from zoo.running.train import META_FILE, TrainingDiverged, lr_factor, train
+from zoo.science.models.lsa import LinearSelfAttention
+from zoo.science.registry import TrainRecipe
+from zoo.science.tasks.regression import LinearRegressionTask
 
 TASK = LinearRegressionTask(d_x=4, d_y=1, n_context=8)
 
@@ -194,7 +194,7 @@ def test_a_finite_loss_with_an_overflowing_gradient_is_skipped(tmp_path):
 def test_an_ensemble_refuses_a_recipe_that_skips(tmp_path):
     from pydantic import ValidationError
 
-    from zoo.ensemble import train_ensemble
+    from zoo.running.ensemble import train_ensemble
 
     with pytest.raises(ValidationError, match="max_skipped_steps"):  # a cap is a count
         recipe(max_skipped_steps=-1)
@@ -213,7 +213,7 @@ def test_cosine_schedule_shape():
 
 def test_one_layer_lsa_learns_gd_on_a_small_task(tmp_path):
     """A short CPU run: loss within 3% of one optimal GD step and sensitivities aligned with θ_GD."""
-    from zoo.evaluation import evaluate
+    from zoo.science.evaluation import evaluate
 
     model = fresh_model()
     train(model, TASK, recipe(steps=600, batch_size=1024, lr=5e-3, final_lr=1e-4, checkpoint_every=600, eval_every=600),
@@ -228,8 +228,8 @@ def test_one_layer_lsa_learns_gd_on_a_small_task(tmp_path):
 def test_decay_of_a_weight_the_loss_never_touches(optimizer, expected):
     """AdamW shrinks it by lr·λ·w per step; Adam with an L2 term normalises the decay like a
     gradient and moves it by ~lr (what removes Table 2's unconstrained terms)."""
-    from zoo.registry import TrainRecipe
-    from zoo.train import make_optimizer
+    from zoo.running.train import make_optimizer
+    from zoo.science.registry import TrainRecipe
 
     model = torch.nn.Linear(2, 1, bias=False)
     with torch.no_grad():
@@ -264,8 +264,8 @@ def test_compiled_training_equals_eager_to_rounding(name, tmp_path):
     eager run's batches and give its losses and weights. The gap is fp32 reassociation in fused kernels,
     grown over 300 AdamW steps (measured ≤ 3e-6 relative); the tolerances are 30× that, while a wrong
     gradient, a skipped clip or a stale lr moves the losses by > 1e-2 within a few steps."""
-    from zoo.models import create_model
-    from zoo.registry import get_entry, get_task_spec
+    from zoo.science.models import create_model
+    from zoo.science.registry import get_entry, get_task_spec
 
     entry = get_entry(name)
     task = get_task_spec(entry.task).build()
@@ -291,7 +291,7 @@ def test_compiled_training_equals_eager_to_rounding(name, tmp_path):
 def test_compiled_update_traces_the_optimiser_under_an_lr_scheduler():
     """LambdaLR replaces `opt.step` by a wrapper in a file torch.compile does not trace: compiling a call to
     it captures no graph and AdamW runs eagerly. `optimizer_update` compiles the optimiser's own step."""
-    from zoo.train import make_optimizer, optimizer_update
+    from zoo.running.train import make_optimizer, optimizer_update
 
     model = fresh_model()
     opt = make_optimizer(model, recipe(), tensor_lr=True)
@@ -346,7 +346,7 @@ def test_flushing_denormals_leaves_training_unchanged(tmp_path, monkeypatch):
     one run lands on a denormal the other lands on zero, so those differ by O(lr) and nothing reads them."""
     import contextlib
 
-    import zoo.train
+    import zoo.running.train
 
     def denormal_model():
         model = fresh_model()
@@ -358,7 +358,7 @@ def test_flushing_denormals_leaves_training_unchanged(tmp_path, monkeypatch):
     runs = []
     for flush in (True, False):
         if not flush:
-            monkeypatch.setattr(zoo.train, "denormals_flushed", lambda device: contextlib.nullcontext())
+            monkeypatch.setattr(zoo.running.train, "denormals_flushed", lambda device: contextlib.nullcontext())
         model = denormal_model()
         result = train(model, TASK, recipe(optimizer="adam_l2", weight_decay=1e-2), run_dir=tmp_path / str(flush),
                        device="cpu", progress=False)

@@ -5,14 +5,13 @@ losses. No timings here: benchmarks/train_throughput.py measures them."""
 import pytest
 import torch
 from safetensors.torch import load_file
+from same_training import assert_trains_the_same, losses_and_weights
 from torch import nn
 
-from zoo.models import classic_rnn, create_model
-from zoo.models.classic_rnn import GRU_PARAMETERS, GRULayer, GRUSequence, gru_sequence
-from zoo.registry import get_entry, get_task_spec
-from zoo.train import train
-
-from same_training import assert_trains_the_same, losses_and_weights
+from zoo.running.train import train
+from zoo.science.models import classic_rnn, create_model
+from zoo.science.models.classic_rnn import GRU_PARAMETERS, GRULayer, GRUSequence, gru_sequence
+from zoo.science.registry import get_entry, get_task_spec
 
 
 def assert_close_to_scale(got, expected, tol):

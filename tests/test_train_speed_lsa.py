@@ -6,14 +6,13 @@ import itertools
 
 import pytest
 import torch
-
-from zoo.models import create_model
-from zoo.models.lsa import LinearSelfAttention
-from zoo.registry import get_entry, get_task_spec
-from zoo.tasks.regression import Readout
-from zoo.train import train
-
 from same_training import assert_trains_the_same, losses_and_weights
+
+from zoo.running.train import train
+from zoo.science.models import create_model
+from zoo.science.models.lsa import LinearSelfAttention
+from zoo.science.registry import get_entry, get_task_spec
+from zoo.science.tasks.regression import Readout
 
 
 def assert_close_to_scale(got, expected, tol):

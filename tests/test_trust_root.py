@@ -15,10 +15,10 @@ from onnx import numpy_helper
 from safetensors.torch import load_file, save_file
 
 import zoo
-from zoo import hub, release
 from zoo.cli import main
-from zoo.locate import ORG, ReleaseError, locate, read_index, release_dir
-from zoo.manifest import SELF_CONSISTENT, CheckpointError, verify_files
+from zoo.publishing import hub, release
+from zoo.storage.locate import ORG, ReleaseError, locate, read_index, release_dir
+from zoo.storage.manifest import SELF_CONSISTENT, CheckpointError, verify_files
 
 INDEX = read_index()
 VERSION = INDEX["version"]
@@ -111,7 +111,7 @@ def test_tampered_release_repo_is_refused_by_bare_name(hostile, revision):
 
 
 def test_stream_session_refuses_the_tampered_repo(hostile):
-    from zoo.export.streaming import StreamingSession
+    from export.streaming import StreamingSession
 
     with pytest.raises(ReleaseError, match="is not the released"):
         StreamingSession(f"{ORG}/{TAMPERED}", revision=VERSION, endpoint=hostile["endpoint"])
@@ -131,7 +131,7 @@ def test_cli_pull_and_stream_refuse_it(hostile, tmp_path, capsys):
 
 
 def test_quickstart_refuses_a_tampered_hub(hostile, tmp_path, monkeypatch):
-    from zoo import quickstart
+    from zoo.publishing import quickstart
 
     def import_tampered(root, only=None, progress=False):  # the hub the demo serves holds the attacker's copy
         shutil.copytree(hostile["tmp"] / "hub", root, dirs_exist_ok=True)
@@ -201,7 +201,7 @@ def test_publish_uploads_only_the_checkpoints_files(tmp_path, capsys):
 def test_the_from_scratch_demo_publishes_under_its_own_name():
     """`zoo quickstart --from-scratch` publishes the LSA it trains and loads it back by repo id: under
     `icl-zoo/` it would be a released entry's name, and the trust root would (rightly) refuse it."""
-    from zoo import quickstart
+    from zoo.publishing import quickstart
 
     org, name = quickstart.OWN_REPO.split("/")
     assert org.lower() != ORG and name in INDEX["entries"]  # the entry's own name, under another org

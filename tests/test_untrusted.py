@@ -41,10 +41,11 @@ import pytest
 import torch
 
 import zoo
-from zoo import hub, locate
-from zoo.checkpoint import CheckpointError, config_core_sha256, save_weights, sha256_file
-from zoo.registry import RegistryError, get_entry, with_overrides
-from zoo.train import TrainingDiverged
+from zoo.publishing import hub
+from zoo.running.train import TrainingDiverged
+from zoo.science.registry import RegistryError, get_entry, with_overrides
+from zoo.storage import locate
+from zoo.storage.checkpoint import CheckpointError, config_core_sha256, save_weights, sha256_file
 
 ZOO = [sys.executable, "-m", "zoo.cli"]
 
@@ -98,7 +99,7 @@ def test_repo_ids_are_whole_names(repo):
 
 # ---------------------------------------------------------------- checkpoint files
 def test_edited_step_graph_is_refused_before_streaming(built, tmp_path):
-    from zoo.export.streaming import StreamingSession
+    from export.streaming import StreamingSession
 
     dst = _copy(built, tmp_path)
     graph = bytearray((dst / "model_step.onnx").read_bytes())
@@ -193,7 +194,7 @@ def test_corrupt_training_state_is_a_clear_error(trained, tmp_path):
 
 def test_nan_weights_after_the_last_step_are_caught(tmp_path, monkeypatch):
     """The loss of the last step is finite (the NaN guard sees it), its update is not."""
-    import zoo.train as train
+    import zoo.running.train as train
 
     real = train.make_optimizer
 
@@ -221,7 +222,7 @@ def test_frozen_infinite_construction_parameters_are_not_divergence(tmp_path):
 
 
 def test_absurd_loss_warns():
-    from zoo.builder import _warn_if_diverged
+    from zoo.running.builder import _warn_if_diverged
 
     with pytest.warns(UserWarning, match="probably diverged"):
         _warn_if_diverged(get_entry("lsa-d10-c10"), {"test_loss": 8.7e25, "gd_loss": 0.83})
@@ -396,9 +397,9 @@ def test_a_chunk_graph_is_used_only_when_its_checkpoint_lists_it(tmp_path):
 
     import numpy as np
 
-    from zoo.export.streaming import StreamError, StreamingSession
-    from zoo.checkpoint import CheckpointError
-    from zoo.locate import release_dir
+    from export.streaming import StreamError, StreamingSession
+    from zoo.storage.checkpoint import CheckpointError
+    from zoo.storage.locate import release_dir
 
     folder = tmp_path / "fw"
     shutil.copytree(release_dir() / "fast-weight-triples", folder)
@@ -436,7 +437,7 @@ def test_hostile_json_is_a_checkpoint_error(tmp_path, attack):
     and a safetensors header that is not an object are refused with CheckpointError, not a crash."""
     import struct
 
-    from zoo.manifest import MAX_JSON, CheckpointError, verify_files, weights_metadata
+    from zoo.storage.manifest import MAX_JSON, CheckpointError, verify_files, weights_metadata
 
     folder = tmp_path / "ckpt"
     folder.mkdir()
@@ -457,7 +458,7 @@ def test_hostile_json_is_a_checkpoint_error(tmp_path, attack):
 
 def test_a_hostile_release_index_is_a_release_error(tmp_path):
     """A release index nested deep enough to exhaust the JSON parser is refused as an invalid index."""
-    from zoo.locate import ReleaseError, read_index
+    from zoo.storage.locate import ReleaseError, read_index
 
     (tmp_path / "index.json").write_text("[" * 200_000)
     with pytest.raises(ReleaseError, match="not a valid release index"):
@@ -469,5 +470,5 @@ def test_push_to_hub_refuses_a_repo_without_its_graphs():
     import zoo
 
     ckpt = zoo.load("lsa-gd-zucchet-icl")
-    with pytest.raises(NotImplementedError, match=r"zoo.export.save_checkpoint.*zoo publish folder --repo me/x"):
+    with pytest.raises(NotImplementedError, match=r"zoo.storage.save.save_checkpoint.*zoo publish folder --repo me/x"):
         ckpt.push_to_hub("me/x")

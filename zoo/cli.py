@@ -26,7 +26,7 @@ WIDE = 130  # columns from which `zoo list` shows the paper column beside the ot
 def cmd_list(args) -> int:
     """A table on a terminal (grouped by task below WIDE columns, so it fits 80), plain TSV when the output is
     piped or redirected (one header line, then one entry a line), JSON with --json."""
-    from zoo.registry import list_entries
+    from zoo.science.registry import list_entries
 
     fields = {k: v for k, v in (("arch_type", args.arch), ("source", args.source), ("task", args.task)) if v}
     entries = list_entries(args.filter, **fields)
@@ -75,7 +75,7 @@ def list_table(entries, console) -> None:
 
 
 def cmd_show(args) -> int:
-    from zoo.registry import get_entry, get_task_spec
+    from zoo.science.registry import get_entry, get_task_spec
 
     e = get_entry(args.name)
     _print_json({"entry": e.model_dump(mode="json"), "task": get_task_spec(e.task).model_dump(mode="json")})
@@ -89,8 +89,8 @@ TRACK_ALIGNMENT_HELP = ("record the prediction and sensitivity L2 errors and the
 
 
 def _training_process() -> None:
-    """A command that trains flushes denormals before torch starts its threads (zoo/train.py)."""
-    from zoo.train import flush_denormals_in_this_process
+    """A command that trains flushes denormals before torch starts its threads (zoo/running/train.py)."""
+    from zoo.running.train import flush_denormals_in_this_process
 
     flush_denormals_in_this_process()
 
@@ -110,7 +110,7 @@ def cmd_build(args) -> int:
 
 def _register_variant_task(ckpt) -> None:
     """A checkpoint trained on a task variant (a sweep's task.* override) carries its task spec."""
-    from zoo.registry import default_registry
+    from zoo.science.registry import default_registry
 
     return default_registry().tasks.setdefault(ckpt.entry.task, ckpt.task_spec)
 
@@ -119,9 +119,9 @@ def cmd_eval(args) -> int:
     if args.task or args.check or args.path.endswith(".onnx"):
         return cmd_benchmark(args)
     import zoo
-    from zoo.evaluation import gd_reference, rescore
-    from zoo.registry import default_registry
-    from zoo.tasks.frozen import load_split, load_split_from_hub
+    from zoo.science.evaluation import gd_reference, rescore
+    from zoo.science.registry import default_registry
+    from zoo.science.tasks.frozen import load_split, load_split_from_hub
 
     ckpt = zoo.load(args.path, revision=args.revision, endpoint=args.endpoint)
     task = ckpt.task
@@ -161,38 +161,38 @@ def cmd_eval(args) -> int:
     if checked_against is not None:
         metrics["dataset_checked_against"] = checked_against
     if args.input_scales:
-        from zoo.evaluation import input_scale_curve
+        from zoo.science.evaluation import input_scale_curve
 
         metrics["input_scale_curve"] = input_scale_curve(ckpt.model, task, args.input_scales, **reference)
     if args.plot and args.loops and args.gd_etas:
         raise ValueError("--plot draws one figure: give it with --loops or with --gd-etas, not both")
     if args.weights:
-        from zoo.analysis.gd_ssm_kernels import compare_with_construction
-        from zoo.analysis.plots import gd_ssm_kernel_figure
+        from zoo.science.analysis.gd_ssm_kernels import compare_with_construction
+        from zoo.science.analysis.plots import gd_ssm_kernel_figure
 
         result = compare_with_construction(ckpt.model, task, reference.get("eta"))
         gd_ssm_kernel_figure(result, args.weights, title=ckpt.entry.name)
         metrics["weights_vs_construction"] = {k: v for k, v in result.items() if k != "matrices"}
         print(f"wrote {args.weights}", file=sys.stderr)
     if args.gd_etas:
-        from zoo.evaluation import gd_rate_curve
+        from zoo.science.evaluation import gd_rate_curve
 
         metrics["gd_rate_curve"] = gd_rate_curve(ckpt.model, task, split.batch(task), args.gd_etas)
         if args.plot:
-            from zoo.analysis.plots import gd_rate_figure
+            from zoo.science.analysis.plots import gd_rate_figure
 
             gd_rate_figure(metrics["gd_rate_curve"], args.plot, title=ckpt.entry.name)
             print(f"wrote {args.plot}", file=sys.stderr)
     if args.loops:
         import torch
 
-        from zoo.evaluation import loop_curve
+        from zoo.science.evaluation import loop_curve
 
         batch = split.batch(task, dtype=torch.float64)
         metrics["loop_curve"] = loop_curve(ckpt.model.double(), task, batch, args.loops, args.dampings,
                                            eta=reference.get("eta"), zero_x_updates=args.zero_x_updates)
         if args.plot:
-            from zoo.analysis.plots import loop_curve_figure
+            from zoo.science.analysis.plots import loop_curve_figure
 
             loop_curve_figure(metrics["loop_curve"], args.plot, title=ckpt.entry.name)
             print(f"wrote {args.plot}")
@@ -209,10 +209,10 @@ CHECKPOINT_ONLY_FLAGS = ("dataset", "input_scales", "weights", "loops", "gd_etas
 
 
 def cmd_benchmark(args) -> int:
-    """`zoo eval MODEL --task TASK`: any model on a frozen split with the card's metrics (zoo/benchmark.py);
+    """`zoo eval MODEL --task TASK`: any model on a frozen split with the card's metrics (zoo/publishing/benchmark.py);
     `zoo eval --check RECORD MODEL`: score it again and confirm or refute the record (exit 1 when refuted)."""
-    from zoo import benchmark
-    from zoo.atomic import write_text
+    from zoo.publishing import benchmark
+    from zoo.storage.atomic import write_text
 
     used = [f"--{flag.replace('_', '-')}" for flag in CHECKPOINT_ONLY_FLAGS if getattr(args, flag)]
     if used:
@@ -244,7 +244,7 @@ def cmd_benchmark(args) -> int:
 
 def cmd_leaderboard(args) -> int:
     """Rank the released entries on a task, GD, least squares and `--add` models; print and draw the table."""
-    from zoo.leaderboard import leaderboard, markdown_table, write
+    from zoo.publishing.leaderboard import leaderboard, markdown_table, write
 
     add = {}
     for item in args.add:
@@ -263,8 +263,8 @@ def cmd_leaderboard(args) -> int:
 
 
 def cmd_datasets(args) -> int:
-    from zoo.registry import default_registry
-    from zoo.tasks.frozen import load_split
+    from zoo.science.registry import default_registry
+    from zoo.science.tasks.frozen import load_split
 
     reg = default_registry()
     names = args.tasks or sorted(reg.tasks)
@@ -286,10 +286,10 @@ def cmd_publish(args) -> int:
     import tempfile
 
     import zoo
-    from zoo.card import CARD_MARKER, write_card_and_figures
-    from zoo.checkpoint import read_checkpoint
-    from zoo.hub import publish, validate_repo_id
-    from zoo.locate import locate
+    from zoo.publishing.hub import publish, validate_repo_id
+    from zoo.storage.card import CARD_MARKER, write_card_and_figures
+    from zoo.storage.checkpoint import read_checkpoint
+    from zoo.storage.locate import locate
 
     validate_repo_id(args.repo)
     folder = Path(args.source)
@@ -324,7 +324,7 @@ def cmd_publish(args) -> int:
 def cmd_publish_dataset(args) -> int:
     import tempfile
 
-    from zoo.hub import dataset_folder, publish, validate_repo_id
+    from zoo.publishing.hub import dataset_folder, publish, validate_repo_id
 
     validate_repo_id(args.repo)
     with tempfile.TemporaryDirectory() as tmp:
@@ -339,7 +339,7 @@ def cmd_hub_serve(args) -> int:
     import signal
     import time
 
-    from zoo.hub import default_local_hub, start_server, stop_server
+    from zoo.publishing.hub import default_local_hub, start_server, stop_server
 
     def interrupted(signum, frame):  # SIGTERM as Ctrl-C: the server and its temp folder go down with us
         raise KeyboardInterrupt
@@ -349,11 +349,11 @@ def cmd_hub_serve(args) -> int:
     proc = None
     try:
         if args.port:  # a busy port is refused before the (longer) import
-            from zoo.hub import check_port_free
+            from zoo.publishing.hub import check_port_free
 
             check_port_free(args.port)
         if not args.no_release:
-            from zoo.hub_prepare import prepare
+            from zoo.publishing.hub_prepare import prepare
 
             prepare(root)  # once per release (progress shown); reused while the release is unchanged
         proc, endpoint = start_server(root, args.port)
@@ -371,8 +371,8 @@ def cmd_hub_serve(args) -> int:
 
 
 def cmd_pull(args) -> int:
-    from zoo.checkpoint import read_checkpoint
-    from zoo.locate import locate, validate_repo_id
+    from zoo.storage.checkpoint import read_checkpoint
+    from zoo.storage.locate import locate, validate_repo_id
 
     verified = locate(validate_repo_id(args.repo), revision=args.revision, endpoint=args.endpoint)
     ckpt = read_checkpoint(verified)
@@ -383,8 +383,8 @@ def cmd_pull(args) -> int:
 # ---------------------------------------------------------------- export / stream
 def cmd_export(args) -> int:
     import zoo
-    from zoo.builder import claim_out, save
-    from zoo.export.onnx_export import not_zoo_file
+    from zoo.running.builder import claim_out, save
+    from zoo.storage.save import not_zoo_file
 
     ckpt = zoo.load(args.path, revision=args.revision, endpoint=args.endpoint)
     local = Path(args.path).is_dir()
@@ -411,8 +411,8 @@ def cmd_stream(args) -> int:
 
     import numpy as np
 
-    from zoo.export.streaming import StreamingSession
-    from zoo.export.token_io import (
+    from export.streaming import StreamingSession
+    from export.token_io import (
         OutputWriter,
         PendingFile,
         is_array_file,
@@ -490,13 +490,14 @@ def _restore_state(session, path: str | None) -> None:
     """Start from a state saved by --state-out, its names and shapes checked against the graph's
     (for the session's batch) from the file's headers before any array is read; never unpickled."""
     if path:
-        from zoo.export.token_io import read_state
+        from export.token_io import read_state
 
         session.set_state(read_state(path, session.state_shapes(session.batch)))
 
 
 def cmd_release(args) -> int:
-    from zoo import locate, release
+    from zoo.publishing import release
+    from zoo.storage import locate
 
     root = Path(args.root) if args.root else locate.release_dir()
     if args.release_command == "build":
@@ -514,7 +515,7 @@ def cmd_release(args) -> int:
         index = release.refresh_release(root, only=args.only, graphs=args.graphs)
         print(f"re-rendered cards and index of {len(index['entries'])} released entries in {root}")
         if args.leaderboards:
-            from zoo.leaderboard import write_leaderboards
+            from zoo.publishing.leaderboard import write_leaderboards
 
             written = write_leaderboards(root)
             print(f"wrote {len(written)} leaderboard files in {root / 'leaderboards'}")
@@ -538,7 +539,7 @@ def cmd_release(args) -> int:
 
 
 def cmd_quickstart(args) -> int:
-    from zoo.quickstart import run, run_release
+    from zoo.publishing.quickstart import run, run_release
 
     if args.from_scratch:
         run(Path(args.out), steps=args.steps)
@@ -558,7 +559,7 @@ def _parse_value(text: str):
 
 def cmd_sweep(args) -> int:
     _training_process()
-    from zoo.sweep import load_spec, markdown_table, run_sweep
+    from zoo.running.sweep import load_spec, markdown_table, run_sweep
 
     spec = load_spec(args.spec)
     update = {"steps": args.steps} if args.steps else {}
@@ -591,7 +592,7 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from zoo.report import collect, write_report
+    from zoo.publishing.report import collect, write_report
 
     rows = collect(args.paths, input_scales=args.input_scales, weights=args.weights)
     for path in write_report(rows, Path(args.out)):
@@ -663,7 +664,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--plot", metavar="PNG", help="with --loops or --gd-etas: save that figure here")
     s.add_argument("--json", action="store_true")
     s.add_argument("--task", help="score any model — an ONNX file, a Hub repo holding one, a checkpoint — on this task's "
-                                  "frozen split, beside GD and least squares (the open benchmark, zoo/benchmark.py)")
+                                  "frozen split, beside GD and least squares (the open benchmark, zoo/publishing/benchmark.py)")
     s.add_argument("--check", metavar="RECORD", help="score the model again as RECORD (a --json/--out record) says, "
                                                      "and confirm or refute it (exit 1 when refuted)")
     s.add_argument("--out", metavar="JSON", help="with --task: also write the record here (only if scoring succeeds)")
@@ -688,7 +689,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("source", help="checkpoint folder or registry entry name")
     s.add_argument("--repo", required=True, help="ORG/NAME")
     s.add_argument("--hub", default="local", help="'local' (default), 'hf' for huggingface.co, or a Hub URL")
-    s.add_argument("--root", help="local hub directory (default: ~/.cache/icl-zoo/hub or ICL_ZOO_LOCAL_HUB)")
+    s.add_argument("--root", help="local hub directory (default: ~/.cache/icl-zoo/publishing/hub or ICL_ZOO_LOCAL_HUB)")
     s.add_argument("--dataset-repo", help="dataset repo holding the frozen splits (pinned in the card)")
     s.add_argument("--dataset-revision", help="its revision (commit sha)")
     s.add_argument("--out", help="where to build an entry given by name")
@@ -792,7 +793,7 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_stream)
 
     s = sub.add_parser("sweep", help="run a sweep spec (entries × seeds × overrides) and write one results table")
-    s.add_argument("spec", help="sweep TOML (see zoo/sweep.py and sweeps/)")
+    s.add_argument("spec", help="sweep TOML (see zoo/running/sweep.py and sweeps/)")
     s.add_argument("--backend", choices=["local", "ray"], default="local")
     s.add_argument("--address", help="Ray cluster address (default: start a local Ray instance)")
     s.add_argument("--gpus-per-run", type=float, default=0.0, help="Ray: fraction of a GPU per run")
@@ -876,7 +877,7 @@ def _explain_missing(args, e: BaseException) -> str | None:
     revision = getattr(args, "revision", None)
     what = f"{target}@{revision}" if revision else target
     try:
-        from zoo.locate import ORG, read_index
+        from zoo.storage.locate import ORG, read_index
 
         released = [f"{ORG}/{n}" for n in read_index()["entries"]]
     except Exception:  # no shipped index: no suggestions, the message stands without them

@@ -1,0 +1,232 @@
+"""ONNX export of zoo models: step and chunk graphs for streaming, a sequence graph for batches.
+
+Step graph  (token (B, d_in), state_in.<i>.<name> ...) -> (out (B, d_out), state_out.<i>.<name> ...)
+Chunk graph (tokens (B, T, d_in), state_in.<i>.<name> ...) -> (out (B, T, d_out), state_out.<i>.<name> ...)
+Sequence    (tokens (B, T, d_in)) -> (out (B, T, d_out))
+
+The chunk graph is the model's `forward_chunk`: the parallel form (scans of ⌈log₂ T⌉ doublings)
+continued from a state, for T up to the model's `chunk_len` (longer inputs raise); a runtime
+splits a long stream into chunks and carries the state between them. Families without a
+parallel form (LSTM, GRU, the dense RNN) get the step graph wrapped in an ONNX `Scan` instead,
+exact for any T.
+
+fp32, opset 18, exported with the dynamo exporter (`dynamo=True`, explicit), batch (and T for
+the sequence graph) the only dynamic axes; export traces with batch 2 so no axis is
+specialised to 1. The state layout, entry and read-out go into the model's metadata_props, so
+a runtime needs nothing but the .onnx file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import warnings
+from pathlib import Path
+
+import onnx
+import torch
+
+from export.scan_graph import scan_step_graph
+from zoo.science.models.scan import EXPORT_MAX_LEN, export_length, length_guard
+from zoo.storage.manifest import CHUNK_FILE, SEQUENCE_FILE, STEP_FILE
+
+OPSET = 18
+EXPORT_BATCH = 2
+
+
+def state_io_names(model) -> tuple[list[str], list[str]]:
+    names = model.state_names()
+    return [f"state_in.{n}" for n in names], [f"state_out.{n}" for n in names]
+
+
+class _StepGraph(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, token, *state):
+        out, new_state = self.model.step(token, tuple(state))
+        return (out, *new_state)
+
+
+class _ChunkGraph(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens, *state):
+        tokens = tokens * length_guard(tokens)  # every chunk graph refuses T past its bound, scans or not
+        out, new_state = self.model.forward_chunk(tokens, tuple(state))
+        return (out, *new_state)
+
+
+class _SequenceGraph(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens):
+        return self.model(tokens)
+
+
+def _export(module, args, path: Path, input_names, output_names, dynamic_shapes) -> None:
+    # The exporter reports progress on stdout and warns about unrelated registries; keep both
+    # out of the user's terminal. Real failures still raise.
+    onnx_logger = logging.getLogger("torch.onnx")
+    level = onnx_logger.level
+    onnx_logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                module, args, str(path), dynamo=True, opset_version=OPSET, input_names=input_names,
+                output_names=output_names, dynamic_shapes=dynamic_shapes, verbose=False, external_data=False,
+            )
+    finally:
+        onnx_logger.setLevel(level)
+
+
+CONTRACT_VERSION = "1"
+
+
+def contract(props: dict) -> str:
+    """The graph's contract in words, stored as the model's doc_string (shown by Netron and onnx tools)."""
+    r = props["readout"]
+    where = {None: "every token", -1: "the last token"}.get(r["position"], f"token {r['position']}")
+    pick = f"{'−' if r['sign'] < 0 else ''}out[..., {r['start']}:{r['stop']}] of {where}"
+    head = f"icl-zoo graph contract v{CONTRACT_VERSION}: entry {props['entry']}, float32. Prediction (task read-out): {pick}."
+    if "tokens" in props:  # how a dataset row becomes the input (the task's token_layout)
+        t = props["tokens"]
+        head += (f" Tokens from a dataset row x {tuple(t['row']['x'])}, y {tuple(t['row']['y'])} ({t['layout']} layout, "
+                 f"{tuple(t['tokens'])} per row): {t['rule']}. The prediction is compared with {t['target']}.")
+    if props["graph"] in ("step", "chunk"):
+        states = ", ".join(f"{s['input']} → {s['output']} {s['shape']}" for s in props["state_layout"])
+        feed = "feed state_out back as state_in. The initial state is all zeros"
+        if props["graph"] == "step":
+            return (f"{head} Step graph: token (batch, {props['d_in']}) and state_in.* → out (batch, {props['d_out']}) "
+                    f"and state_out.*; {feed}. States: {states}. Valid for any stream length.")
+        time = props["time"]
+        valid = ("any T ≥ 1 (the step graph scanned over time)" if time == "any" else
+                 f"T in {time}; a longer chunk raises (Gather out of bounds) — split a longer stream into chunks")
+        return (f"{head} Chunk graph: tokens (batch, T, {props['d_in']}) and state_in.* → out (batch, T, {props['d_out']}) "
+                f"and state_out.* (the state after the chunk's last token); {feed}. States: {states}. Valid for {valid}; "
+                "chunks of any sizes give the outputs of one token at a time.")
+    time = props["time"]
+    valid = (f"Exact for T in {time}; where a scan bounds it, a longer input raises (Gather out of bounds) rather "
+             "than returning wrong numbers — stream longer sequences through model_step.onnx") if isinstance(time, str) else             f"T = {time} exactly (fixed by fused kernels); other lengths are refused by shape checks"
+    return f"{head} Sequence graph: tokens (batch, T, {props['d_in']}) → out (batch, T, {props['d_out']}), causal. {valid}."
+
+
+def _metadata(path: Path, props: dict) -> None:
+    m = onnx.load(str(path))
+    m.doc_string = contract(props)
+    props = {**props, "contract_version": CONTRACT_VERSION}
+    # A chunk graph scanned from a step graph arrives with the step graph's keys: this graph's replace them.
+    kept = [p for p in m.metadata_props if not p.key.startswith("icl_zoo.")]
+    del m.metadata_props[:]
+    m.metadata_props.extend(kept)
+    for key, value in props.items():
+        entry = m.metadata_props.add()
+        entry.key = f"icl_zoo.{key}"
+        entry.value = value if isinstance(value, str) else json.dumps(value)
+    onnx.checker.check_model(m, full_check=True)
+    onnx.save(m, str(path))
+
+
+def _common_metadata(model, entry_name: str, token_layout: dict | None) -> dict:
+    r = model.readout
+    return {
+        "entry": entry_name,
+        "d_in": model.d_in,
+        "d_out": model.d_out,
+        "readout": {"position": r.position, "start": r.start, "stop": r.stop, "sign": r.sign},
+        **({"tokens": token_layout} if token_layout is not None else {}),  # the task's token_layout, when exported for one
+    }
+
+
+@torch.no_grad()
+def export_step(model, path: Path, *, entry_name: str = "", token_layout: dict | None = None) -> Path:
+    """Write the step graph of a recurrent model (fp32) with its state layout in the metadata."""
+    model = _fp32_copy(model)
+    state = model.init_state(EXPORT_BATCH)
+    token = torch.zeros(EXPORT_BATCH, model.d_in)
+    in_names, out_names = state_io_names(model)
+    batch = torch.export.Dim("batch", min=1)
+    dyn = ({0: batch}, tuple({0: batch} for _ in state))  # (token, *state): state arrives as one tuple
+    _export(_StepGraph(model), (token, *state), path, ["token", *in_names], ["out", *out_names], dyn)
+    _metadata(path, {**_common_metadata(model, entry_name, token_layout), "graph": "step", "state_layout": _state_layout(model, state)})
+    return path
+
+
+def _state_layout(model, state) -> list[dict]:
+    in_names, out_names = state_io_names(model)
+    return [{"input": i, "output": o, "shape": ["batch", *x.shape[1:]], "dtype": "float32"}
+            for i, o, x in zip(in_names, out_names, state)]
+
+
+@torch.no_grad()
+def export_chunk(model, path: Path, *, entry_name: str = "", step_graph: Path | None = None,
+                 token_layout: dict | None = None) -> Path:
+    """Write the chunk graph of a recurrent model (fp32): its `forward_chunk` traced for
+    T ≤ `chunk_len` where it has a parallel form, else the step graph scanned over time (the
+    model's `step_graph` file when one was just exported, else a fresh export)."""
+    model = _fp32_copy(model)
+    state = model.init_state(EXPORT_BATCH)
+    if model.dynamic_time:
+        in_names, out_names = state_io_names(model)
+        tokens = torch.zeros(EXPORT_BATCH, min(8, model.chunk_len), model.d_in)
+        batch, time = torch.export.Dim("batch", min=1), torch.export.Dim("time", min=1, max=model.chunk_len)
+        dyn = ({0: batch, 1: time}, tuple({0: batch} for _ in state))
+        with export_length(model.chunk_len):
+            _export(_ChunkGraph(model), (tokens, *state), path, ["tokens", *in_names], ["out", *out_names], dyn)
+        valid = f"1..{model.chunk_len}"
+    elif step_graph is not None:
+        onnx.save(scan_step_graph(onnx.load(str(step_graph))), str(path))
+        valid = "any"
+    else:
+        step = Path(path).with_suffix(".step.tmp")
+        try:
+            return export_chunk(model, path, entry_name=entry_name, token_layout=token_layout,
+                                step_graph=export_step(model, step, entry_name=entry_name))
+        finally:
+            step.unlink(missing_ok=True)
+    _metadata(path, {**_common_metadata(model, entry_name, token_layout), "graph": "chunk", "time": valid,
+                     "state_layout": _state_layout(model, state)})
+    return path
+
+
+@torch.no_grad()
+def export_sequence(model, path: Path, *, entry_name: str = "", seq_len: int = 8, token_layout: dict | None = None) -> Path:
+    """Write the whole-sequence graph (B, T, d_in) -> (B, T, d_out). T is symbolic up to
+    EXPORT_MAX_LEN (the scans' doublings), except for models whose fused kernels fix it
+    (`dynamic_time = False`): then T = `seq_len`. The metadata's `time` records which."""
+    model = _fp32_copy(model)
+    tokens = torch.zeros(EXPORT_BATCH, seq_len, model.d_in)
+    axes = {0: torch.export.Dim("batch", min=1)}
+    if model.dynamic_time:
+        axes[1] = torch.export.Dim("time", min=2, max=EXPORT_MAX_LEN)
+    _export(_SequenceGraph(model), (tokens,), path, ["tokens"], ["out"], (axes,))
+    time = f"2..{EXPORT_MAX_LEN}" if model.dynamic_time else seq_len
+    _metadata(path, {**_common_metadata(model, entry_name, token_layout), "graph": "sequence", "time": time})
+    return path
+
+
+def _fp32_copy(model):
+    import copy
+
+    return copy.deepcopy(model).float().cpu().eval()
+
+
+def export_checkpoint_graphs(ckpt, folder: Path) -> list[Path]:
+    """Write the ONNX files of a checkpoint into `folder` and nothing else: model.onnx always; model_step.onnx
+    and model_chunk.onnx when recurrent. The storage floor's save passes this writer in
+    (`zoo.storage.save.save_checkpoint(ckpt, folder, graphs=export_checkpoint_graphs)`) and records the hashes."""
+    folder = Path(folder)
+    meta = {"entry_name": ckpt.entry.name, "token_layout": ckpt.task.token_layout}
+    written = [export_sequence(ckpt.model, folder / SEQUENCE_FILE, seq_len=ckpt.task.n_tokens, **meta)]
+    if getattr(ckpt.model, "recurrent", False):
+        step = export_step(ckpt.model, folder / STEP_FILE, **meta)
+        written += [step, export_chunk(ckpt.model, folder / CHUNK_FILE, step_graph=step, **meta)]
+    return written

@@ -1,0 +1,640 @@
+"""The frozen splits as an open benchmark: any model, scored with the card's metrics beside GD.
+
+    import zoo
+    result = zoo.evaluate("my_model.onnx", task="zucchet-icl")          # or zoo.score(...)
+    result = zoo.evaluate(my_torch_module, task="zucchet-icl", split="validation")
+    result = zoo.evaluate(my_numpy_function, task="linreg-triples-d5-c20")
+
+**The contract.** A model takes the task's tokens, float32 `(B, T, d_in)` in the task's layout
+(zoo/science/tasks/regression.py; `zoo show ENTRY` prints a task), and returns either
+
+- the predictions at the query, `(B, d_y)`, or
+- the zoo's sequence contract, `(B, T, d_out)`, with a read-out that says which position, which
+  channels and which sign hold the prediction: ONNX metadata `icl_zoo.readout` (as the zoo's exporter
+  writes it, export/onnx_export.py), a `readout` attribute of a module or function, or `readout=`.
+  Without one, a task that predicts at every position (`triples`, teacher–student) takes
+  `(B, T, d_y)` as every position's prediction.
+
+A model is an ONNX file (one float input named `tokens`; its first output is read), a folder or Hub
+repo `ORG/NAME` holding one (`model.onnx`, or its only `.onnx` file), a zoo checkpoint (a folder, a
+Hub repo with config.json, a released entry's name), a `torch.nn.Module` (fed torch tensors in its
+parameters' dtype), or any other callable (fed numpy arrays). What breaks the contract is refused
+with one line naming the model and what the contract expects.
+
+**The metrics**, on the same tasks (zoo/science/metrics.py names the card's): the test loss (½·MSE at the
+query; teacher–student: over every position) with its standard error over tasks; one GD step at
+the analytic η* (the card's `gd_loss`); the paired difference model − GD, task by task, with its
+standard error (`gd_paired_diff`, `gd_paired_se`, as zoo/science/expected.py measures it for cards); k-step
+GD at the rate that suits k steps best on these tasks; least squares; the prediction gap to GD; the
+sensitivity cosine to GD (autograd for torch modules, central finite differences for black boxes);
+and, where the model predicts at every position of a `triples` task, the loss at each position.
+
+**A record** (`evaluate`'s result, `zoo eval MODEL --task TASK --json`) holds the split's SHA-256,
+the model's (its file's bytes, or its weights'; a function: its name) and the zoo version;
+`check(record, model)` (`zoo eval --check RECORD MODEL`) scores the model again and confirms or
+refutes every number.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from zoo.science.evaluation import (
+    TASKS_PER_PASS,
+    alignment,
+    position_baselines,
+    position_loss,
+    predictions_and_sensitivities,
+)
+from zoo.science.tasks.regression import (
+    LinearRegressionTask,
+    Readout,
+    gd_predict,
+    least_squares_predict,
+    line_search_eta,
+)
+from zoo.science.tasks.teacher import LSATeacherTask
+from zoo.version import __version__
+
+RECORD_FORMAT = "icl-zoo/publishing/benchmark/v1"
+GD_STEPS = (2, 3)  # k-step GD references beside the one step at η*, each at the rate that suits k steps
+SENSITIVITY_METHODS = ("auto", "autograd", "finite differences", "none")
+FD_STEP = 1e-2  # finite-difference step, in units of the task's input scale: exact for models linear in x_q
+CHECK_RTOL = 1e-5  # re-scored numbers must agree this closely (ONNX Runtime and BLAS may sum in another order)
+
+
+class BenchmarkError(ValueError):
+    """A model does not keep the open-benchmark contract (one line: the model, and what was expected)."""
+
+
+# ---------------------------------------------------------------- models reduced to the contract
+@dataclass
+class Candidate:
+    """A model as the benchmark sees it: `run(tokens (B, T, d_in) float32) -> raw output`."""
+
+    name: str  # how errors and tables name it
+    identity: dict  # what a record stores to say which model it scored
+    run: Callable[[torch.Tensor], torch.Tensor]
+    readout: Readout | None = None
+    differentiable: bool = False  # autograd reaches the tokens: sensitivities without finite differences
+    check_inputs: Callable[[object], None] = field(default=lambda task: None)  # refuses a graph before it runs
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return (lines[0] if lines else type(error).__name__)[:300]
+
+
+def _expects(task) -> str:
+    """The contract for `task`, in words."""
+    shapes = f"(B, {task.n_tokens}, {task.token_dim})"
+    if isinstance(task, LSATeacherTask):
+        return f"tokens {shapes} float32 → predictions (B, {task.n_tokens}, {task.d}) at every position"
+    every = f", or (B, {task.n_tokens}, {task.d_y}) at every position" if task.every_position else ""
+    return (f"tokens {shapes} float32 → predictions (B, {task.d_y}) at the query{every}, or outputs "
+            f"(B, {task.n_tokens}, d_out) with a read-out")
+
+
+def _calling(name: str, fn: Callable, tokens) -> object:
+    """fn(tokens); whatever it raises becomes one line naming the model."""
+    try:
+        return fn(tokens)
+    except BenchmarkError:
+        raise
+    except Exception as e:  # a model may raise anything; the user needs its first line
+        raise BenchmarkError(f"{name} raised {type(e).__name__} on tokens {tuple(tokens.shape)}: "
+                             f"{_first_line(e)}") from e
+
+
+def _as_tensor(out, name: str) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out
+    try:
+        array = np.asarray(out)
+    except Exception:  # noqa: BLE001 -- a ragged list, an object that refuses conversion
+        array = None
+    if array is None or array.dtype.kind not in "fiub":
+        raise BenchmarkError(f"{name} returned {type(out).__name__}; the contract expects an array of predictions")
+    return torch.from_numpy(np.array(array, dtype=np.float64))
+
+
+def weights_sha256(module: torch.nn.Module) -> str:
+    """SHA-256 over a module's state_dict (names, dtypes, shapes, bytes): which weights were scored."""
+    h = hashlib.sha256()
+    for key, value in sorted(module.state_dict().items()):
+        value = value.detach().cpu().contiguous()
+        h.update(f"{key}|{value.dtype}|{tuple(value.shape)}|".encode())
+        h.update(value.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _qualname(obj) -> str:
+    """module.qualname of a function, or of the class of any other object (a module, a callable instance)."""
+    named = obj if hasattr(obj, "__qualname__") else type(obj)
+    return f"{getattr(named, '__module__', None) or '?'}.{named.__qualname__}"
+
+
+def torch_candidate(module: torch.nn.Module, name: str | None = None, readout=None) -> Candidate:
+    """A torch module, fed tokens in its parameters' dtype and device (float32 on the CPU if it has none)."""
+    first = next((t for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()), None)
+    dtype, device = (first.dtype, first.device) if first is not None else (torch.float32, torch.device("cpu"))
+    name = name or type(module).__name__
+    module.eval()  # as zoo.evaluate scores the zoo's own models
+
+    def run(tokens):
+        return _as_tensor(_calling(name, module, tokens.to(device=device, dtype=dtype)), name)
+
+    def check_width(task):  # a module that declares its token width (every zoo model does) is checked before it runs
+        width = getattr(module, "d_in", None)
+        if isinstance(width, int) and width != task.token_dim:
+            raise BenchmarkError(f"{name}: takes tokens of width d_in = {width}; the contract: {_expects(task)}")
+
+    readout = _readout(readout if readout is not None else getattr(module, "readout", None), name)
+    return Candidate(name, {"kind": "torch.nn.Module", "name": _qualname(module), "sha256": weights_sha256(module)},
+                     run, readout, differentiable=True, check_inputs=check_width)
+
+
+def callable_candidate(fn: Callable, name: str | None = None, readout=None) -> Candidate:
+    """A function of numpy tokens (B, T, d_in) float32; it may return numpy or torch."""
+    qualname = _qualname(fn)
+    name = name or qualname
+
+    def run(tokens):
+        return _as_tensor(_calling(name, fn, tokens.detach().cpu().numpy()), name)
+
+    readout = _readout(readout if readout is not None else getattr(fn, "readout", None), name)
+    return Candidate(name, {"kind": "callable", "name": qualname}, run, readout)
+
+
+def checkpoint_candidate(ckpt, name: str | None = None) -> Candidate:
+    """A zoo checkpoint: its torch model with the task's read-out; the record names its entry and trust."""
+    candidate = torch_candidate(ckpt.model, name or ckpt.entry.name, readout=ckpt.model.readout)
+    candidate.identity = {"kind": "zoo checkpoint", "name": candidate.name, "entry": ckpt.entry.name,
+                          "sha256": candidate.identity["sha256"], "trust": ckpt.trust}
+    return candidate
+
+
+def onnx_candidate(raw: bytes, where: str) -> Candidate:
+    """An ONNX graph from its bytes (hashed as read): standard operators, self-contained, one input `tokens`."""
+    import onnxruntime as ort
+
+    from export.graph_files import GraphFileError, check_graph_bytes
+
+    try:
+        check_graph_bytes(raw, where)
+    except GraphFileError as e:
+        raise BenchmarkError(str(e)) from None
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1  # one summation order: a re-score (zoo eval --check) gives the same numbers
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(raw, options, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 -- whatever the runtime refuses, in one line
+        raise BenchmarkError(f"{where}: ONNX Runtime cannot open it: {_first_line(e)}") from None
+    output = session.get_outputs()[0].name
+    meta = session.get_modelmeta().custom_metadata_map
+
+    def run(tokens):
+        try:
+            return torch.from_numpy(np.asarray(session.run([output], {"tokens": tokens.detach().cpu().numpy()})[0]))
+        except Exception as e:  # noqa: BLE001
+            raise BenchmarkError(f"{where}: ONNX Runtime failed on tokens {tuple(tokens.shape)}: {_first_line(e)}") from None
+
+    return Candidate(where, {"kind": "onnx", "name": where, "sha256": hashlib.sha256(raw).hexdigest()}, run,
+                     _readout(meta.get("icl_zoo.readout"), where), check_inputs=lambda task: _check_graph_inputs(
+                         session.get_inputs(), task, where))
+
+
+def _check_graph_inputs(inputs, task, where: str) -> None:
+    """One float input `tokens` of rank 3 whose fixed sizes, if any, are the task's; the batch axis free."""
+    names = [i.name for i in inputs]
+    expects = _expects(task)
+    if len(inputs) != 1:
+        raise BenchmarkError(f"{where}: the graph needs inputs {names}, but the task gives only 'tokens'; "
+                             f"the contract: {expects}")
+    (graph_input,) = inputs
+    if graph_input.name != "tokens":
+        raise BenchmarkError(f"{where}: its input is named {graph_input.name!r}; the contract feeds one input named "
+                             f"'tokens': {expects}")
+    shape = list(graph_input.shape)
+    fixed = [d if isinstance(d, int) else None for d in shape]  # a symbolic size: None
+    fits = (graph_input.type == "tensor(float)" and len(shape) == 3 and fixed[0] is None  # the batch stays free
+            and all(f in (None, want) for f, want in zip(fixed[1:], (task.n_tokens, task.token_dim))))
+    if not fits:
+        shown = ", ".join(str(d) if isinstance(d, int) else "?" for d in shape)
+        raise BenchmarkError(f"{where}: its input 'tokens' is {graph_input.type} ({shown}); the contract: {expects} "
+                             "(batch axis dynamic)")
+
+
+def _onnx_in_folder(folder: Path, where: str) -> Candidate:
+    files = sorted(p.name for p in folder.glob("*.onnx") if p.is_file())
+    chosen = "model.onnx" if "model.onnx" in files else files[0] if len(files) == 1 else None
+    if chosen is None:
+        raise BenchmarkError(f"{where}: holds {', '.join(files) or 'no .onnx file'}; expected a model.onnx or "
+                             "exactly one .onnx file")
+    return onnx_candidate((folder / chosen).read_bytes(), f"{where}/{chosen}")
+
+
+def _from_text(text: str, *, revision: str | None, endpoint: str | None) -> Candidate:
+    """An ONNX file, a folder or Hub repo holding one, or a zoo checkpoint (folder, Hub repo, released entry)."""
+    from zoo.storage.loading import load
+    from zoo.storage.locate import resolve_folder
+    from zoo.storage.manifest import CONFIG
+
+    path = Path(text)
+    if path.suffix == ".onnx" and not path.is_file():
+        raise BenchmarkError(f"{text}: no such file")
+    if path.is_file():
+        if path.suffix != ".onnx":
+            raise BenchmarkError(f"{text}: not an .onnx file; the benchmark scores ONNX files, checkpoints, Hub repos, "
+                                 "torch modules and functions")
+        return onnx_candidate(path.read_bytes(), text)
+    if path.is_dir():
+        return checkpoint_candidate(load(path), text) if (path / CONFIG).is_file() else _onnx_in_folder(path, text)
+    if "/" not in text:  # a released entry (or the registry's error for an unknown name)
+        return checkpoint_candidate(load(text, revision=revision, endpoint=endpoint), text)
+    with tempfile.TemporaryDirectory(prefix="icl-zoo-benchmark-") as tmp:  # nothing of the repo stays behind
+        folder = resolve_folder(text, revision=revision, endpoint=endpoint, cache_dir=tmp,
+                                allow_patterns=[CONFIG, "*.onnx"])
+        if not (folder / CONFIG).is_file():
+            return _onnx_in_folder(folder, f"{text}@{revision or 'main'}")
+    return checkpoint_candidate(load(text, revision=revision, endpoint=endpoint), text)
+
+
+def as_candidate(model, *, name: str | None = None, readout=None, revision: str | None = None,
+                 endpoint: str | None = None) -> Candidate:
+    """Any model the benchmark takes (see the module docstring), reduced to `Candidate`."""
+    from zoo.storage.checkpoint import Checkpoint
+
+    if isinstance(model, Candidate):
+        return model
+    if isinstance(model, (str, Path)):
+        candidate = _from_text(str(model), revision=revision, endpoint=endpoint)
+        candidate.name = name or candidate.name
+        candidate.readout = _readout(readout, candidate.name) if readout is not None else candidate.readout
+        return candidate
+    if isinstance(model, Checkpoint):
+        return checkpoint_candidate(model, name)
+    if isinstance(model, torch.nn.Module):
+        return torch_candidate(model, name, readout)
+    if callable(model):
+        return callable_candidate(model, name, readout)
+    raise BenchmarkError(f"{type(model).__name__}: not a model; the benchmark takes an ONNX file, a checkpoint, a Hub "
+                         "repo, a torch.nn.Module or a function of tokens")
+
+
+def _readout(value, where: str) -> Readout | None:
+    """A read-out from a Readout, a dict or its JSON (the ONNX metadata): position (an int, or null for
+    every position), channels start:stop and a finite sign."""
+    from export.graph_files import is_readout
+
+    if value is None or isinstance(value, Readout):
+        return value
+    expected = '{"position": int or null, "start": int, "stop": int, "sign": number} with 0 ≤ start < stop'
+    try:
+        r = json.loads(value) if isinstance(value, str) else value
+    except (ValueError, TypeError, RecursionError):
+        raise BenchmarkError(f"{where}: read-out {str(value)[:80]!r} is not {expected}") from None
+    if not is_readout(r):
+        raise BenchmarkError(f"{where}: read-out {str(value)[:80]!r} is not {expected}")
+    return Readout(position=r.get("position", -1), start=r["start"], stop=r["stop"], sign=float(r["sign"]))
+
+
+# ---------------------------------------------------------------- running a model on a split
+@dataclass
+class Predictions:
+    query: torch.Tensor  # (N, d_y) float64: the prediction at the query
+    every: torch.Tensor | None  # (N, T, d_y) float64 when the model predicts at every position, else None
+
+
+def _d_y(task) -> int:
+    return task.d if isinstance(task, LSATeacherTask) else task.d_y
+
+
+def _every_position(task) -> bool:
+    return isinstance(task, LSATeacherTask) or task.every_position
+
+
+def read_output(out: torch.Tensor, task, candidate: Candidate, batch: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(query prediction (B, d_y), every position's (B, T, d_y) or None) from a raw output, or one line
+    saying which shape the contract expects. Predictions must be finite."""
+    d_y, n_tokens, shape = _d_y(task), task.n_tokens, tuple(out.shape)
+    query = every = None
+    if len(shape) == 2 and shape == (batch, d_y) and not isinstance(task, LSATeacherTask):
+        query = out
+    elif len(shape) == 3 and shape[:2] == (batch, n_tokens):
+        r = candidate.readout
+        if r is not None and r.stop <= shape[2] and (r.position is None or -n_tokens <= r.position < n_tokens):
+            query = r.query(out)
+            every = r.channels(out) if r.position is None and _every_position(task) else None
+        elif r is None and _every_position(task) and shape[2] == d_y:
+            query, every = out[:, -1], out
+    if query is None or every is None and isinstance(task, LSATeacherTask):
+        r = candidate.readout
+        why = f" (its read-out: position {r.position}, channels {r.start}:{r.stop})" if r is not None else ""
+        raise BenchmarkError(f"{candidate.name}: output shape {shape}{why}; the contract: {_expects(task)}")
+    for values in (query, every):
+        if values is not None and not torch.isfinite(values).all():
+            bad = (~torch.isfinite(values)).flatten(1).any(1).nonzero().flatten()
+            raise BenchmarkError(f"{candidate.name}: non-finite predictions (NaN or inf) for {bad.numel()} of {batch} "
+                                 f"tasks, the first task {int(bad[0])}; the contract expects finite predictions")
+    return query, every
+
+
+def predict(candidate: Candidate, task, tokens: torch.Tensor) -> Predictions:
+    """The model's predictions on every task of `tokens`, run in chunks that bound memory."""
+    queries, everys = [], []
+    with torch.no_grad():
+        for chunk in tokens.split(TASKS_PER_PASS):
+            query, every = read_output(candidate.run(chunk), task, candidate, chunk.shape[0])
+            queries.append(query.detach().double().cpu())
+            everys.append(None if every is None else every.detach().double().cpu())
+    every = torch.cat(everys) if all(e is not None for e in everys) else None
+    return Predictions(torch.cat(queries), every)
+
+
+class _QueryModel:
+    """`predict_query` over a candidate: what zoo.evaluate's autograd helpers call."""
+
+    def __init__(self, candidate: Candidate, task):
+        self.candidate, self.task = candidate, task
+
+    def predict_query(self, tokens: torch.Tensor) -> torch.Tensor:
+        return read_output(self.candidate.run(tokens), self.task, self.candidate, tokens.shape[0])[0]
+
+
+def finite_difference_sensitivities(query_model: _QueryModel, task, tokens: torch.Tensor) -> torch.Tensor:
+    """∂ŷ/∂x_query (N, d_y, d_x) of a black box by central differences. The step divides by the
+    perturbation float32 actually made, so a model linear in x_query gets its Jacobian to rounding."""
+    start, stop = task.query_channels
+    step = FD_STEP * task.x_scale
+    columns = []
+    for channel in range(start, stop):
+        bump = torch.zeros_like(tokens)
+        bump[:, -1, channel] = step
+        up, down = tokens + bump, tokens - bump
+        made = (up - down)[:, -1, channel].double().unsqueeze(1)  # (N, 1)
+        diff = [query_model.predict_query(u).double() - query_model.predict_query(d).double()
+                for u, d in zip(up.split(TASKS_PER_PASS), down.split(TASKS_PER_PASS))]
+        columns.append(torch.cat(diff) / made)
+    return torch.stack(columns, dim=-1)  # (N, d_y, d_x)
+
+
+def sensitivities(candidate: Candidate, task, tokens: torch.Tensor, method: str) -> tuple[torch.Tensor | None, str]:
+    """(∂ŷ/∂x_query (N, d_y, d_x) or None, the method used): autograd where the model is differentiable,
+    central finite differences for a black box, or none."""
+    differentiable = method in ("auto", "autograd") and candidate.differentiable and _has_gradient(candidate, task, tokens[:2])
+    if method == "auto":
+        method = "autograd" if differentiable else "finite differences"
+    elif method == "autograd" and not differentiable:
+        raise BenchmarkError(f"{candidate.name}: autograd does not reach its predictions from the tokens; "
+                             "use sensitivity='finite differences'")
+    query_model = _QueryModel(candidate, task)
+    if method == "autograd":
+        return predictions_and_sensitivities(query_model, tokens, task.query_channels)[1].double().cpu(), method
+    if method == "finite differences":
+        with torch.no_grad():
+            return finite_difference_sensitivities(query_model, task, tokens), method
+    return None, "none"
+
+
+def _has_gradient(candidate: Candidate, task, tokens: torch.Tensor) -> bool:
+    probe = tokens.detach().clone().requires_grad_(True)
+    return read_output(candidate.run(probe), task, candidate, probe.shape[0])[0].requires_grad
+
+
+# ---------------------------------------------------------------- metrics
+def per_task_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The task's loss (½·MSE) of each task: (N,) float64; their mean is the split's loss."""
+    return 0.5 * ((pred.double() - target.double()) ** 2).flatten(1).mean(1)
+
+
+def mean_se(values: torch.Tensor) -> tuple[float, float]:
+    """Mean and its standard error over tasks."""
+    n = values.numel()
+    se = float(values.std(unbiased=True) / math.sqrt(n)) if n > 1 else float("nan")
+    return float(values.mean()), se
+
+
+def loss_summary(key: str, losses: torch.Tensor, gd: torch.Tensor | None = None, paired: str = "gd_paired") -> dict:
+    """{key, key_se}: the mean loss and its standard error; given GD's per-task losses `gd`, also the
+    paired difference from GD with its standard error, {paired_diff, paired_se}."""
+    mean, se = mean_se(losses)
+    out = {key: mean, f"{key}_se": se}
+    if gd is not None:
+        out[f"{paired}_diff"], out[f"{paired}_se"] = mean_se(losses - gd)
+    return out
+
+
+@dataclass
+class References:
+    """What GD and least squares reach on a split's tasks, per task, beside which a model is scored."""
+
+    b64: object  # the split's TaskBatch in float64
+    gd_pred: torch.Tensor  # one GD step at η*: (N, d_y)
+    gd_losses: torch.Tensor  # (N,)
+    metrics: dict  # gd_loss ± se, lstsq_loss ± se with its paired difference from GD, k-step GD, per-position baselines
+
+
+def references(task: LinearRegressionTask, batch, gd_steps: Sequence[int] = GD_STEPS) -> References:
+    """One GD step at the analytic η* (the card's GD reference), k-step GD for k in `gd_steps` at the rate
+    k steps do best with on these tasks (`best_eta`: one number fitted on them, as the blogpost's empirical η* is),
+    and least squares, each per task; on `triples`, the per-position baselines of zoo.evaluate."""
+    b64 = task.batch_from_arrays(batch.x.double(), batch.y.double())
+    target, eta = b64.query_targets, task.analytic_eta()
+    gd_pred = gd_predict(b64, eta)
+    gd_losses = per_task_loss(gd_pred, target)
+    metrics = {**loss_summary("gd_loss", gd_losses), "gd_eta": eta, "gd_steps": 1,
+               **loss_summary("lstsq_loss", per_task_loss(least_squares_predict(b64), target), gd_losses, "lstsq_gd_paired")}
+    metrics["gd_k_steps"] = [_k_step_gd(task, b64, k, gd_losses) for k in gd_steps]
+    if task.every_position:
+        metrics.update(position_baselines(task, b64))
+    return References(b64, gd_pred, gd_losses, metrics)
+
+
+_REFERENCES: dict = {}  # (task, split SHA-256, k's) → References: each split's are computed once per process
+_REFERENCES_KEPT = 4
+
+
+def split_references(task: LinearRegressionTask, frozen, gd_steps: Sequence[int] = GD_STEPS) -> References:
+    """`references` of a frozen split, remembered by its content hash (a leaderboard or a re-check scores
+    many models on one split; the k-step line searches are the slow part)."""
+    key = (task, frozen.sha256, tuple(gd_steps))
+    if key not in _REFERENCES:
+        while len(_REFERENCES) >= _REFERENCES_KEPT:
+            _REFERENCES.pop(next(iter(_REFERENCES)))
+        _REFERENCES[key] = references(task, frozen.batch(task), gd_steps)
+    return _REFERENCES[key]
+
+
+def _k_step_gd(task, b64, steps: int, gd_losses: torch.Tensor) -> dict:
+    eta = best_eta(task, b64, steps)
+    losses = per_task_loss(gd_predict(b64, eta, steps), b64.query_targets)
+    return {"steps": steps, "eta": eta, **loss_summary("loss", losses, gd_losses)}
+
+
+def gd_polynomial(b64, steps: int) -> torch.Tensor:
+    """The query prediction of `steps` GD steps from W = 0 as the polynomial in η it is, ŷ(η) = Σ_m η^m c_m:
+    the coefficients c_1..c_k (k, N, d_y). W ← W + η (G − W S) with G = Σ_i y_i x_iᵀ and S = Σ_i x_i x_iᵀ
+    (zoo.science.tasks.regression.gd_weights) gives each step's coefficients from the last ones."""
+    x = b64.x_context
+    g, s = b64.y_context.transpose(1, 2) @ x, x.transpose(1, 2) @ x
+    coefficients = [torch.zeros_like(g) for _ in range(steps)]  # of η^1 … η^k in W
+    for _ in range(steps):
+        coefficients = [coefficients[0] + g] + [coefficients[m] - coefficients[m - 1] @ s for m in range(1, steps)]
+    return torch.stack([(c @ b64.x_query.unsqueeze(-1)).squeeze(-1) for c in coefficients])
+
+
+def best_eta(task, b64, steps: int) -> float:
+    """The rate at which `steps` GD steps do best on these tasks: resolve_eta's golden-section search over
+    the same range, each trial evaluated from `gd_polynomial` instead of by running the steps again."""
+    c = gd_polynomial(b64, steps)
+    exponents = torch.arange(1, steps + 1, dtype=c.dtype).view(-1, 1, 1)
+
+    def loss(eta: float) -> float:
+        return task.loss((eta**exponents * c).sum(0), b64.query_targets).item()
+
+    return line_search_eta(loss, 0.0, 2.5 * task.analytic_eta())
+
+
+def score(candidate: Candidate, task, batch, *, gd_steps: Sequence[int] = GD_STEPS, sensitivity: str = "auto",
+          refs: References | None = None) -> dict:
+    """The metrics of `candidate` on `batch` (a frozen split of `task`); `refs` when already computed."""
+    if sensitivity not in SENSITIVITY_METHODS:
+        raise ValueError(f"sensitivity={sensitivity!r}: expected one of {', '.join(SENSITIVITY_METHODS)}")
+    candidate.check_inputs(task)
+    tokens = batch.tokens
+    pred = predict(candidate, task, tokens)
+    if isinstance(task, LSATeacherTask):  # a teacher–student task has no GD or least-squares reference
+        return {**loss_summary("test_loss", per_task_loss(pred.every, batch.targets)), "n_tasks": int(tokens.shape[0]),
+                "output": "every position", "sensitivity": "none"}
+    refs = refs or references(task, batch, gd_steps)
+    metrics = {**loss_summary("test_loss", per_task_loss(pred.query, refs.b64.query_targets), refs.gd_losses),
+               **refs.metrics, "n_tasks": int(tokens.shape[0]),
+               "output": "every position" if pred.every is not None else "query"}
+    sens, method = sensitivities(candidate, task, tokens, sensitivity)
+    if sens is not None:
+        metrics.update(alignment(pred.query, sens, refs.b64, refs.metrics["gd_eta"]))
+    else:
+        metrics["pred_l2_to_gd"] = float(((pred.query - refs.gd_pred) ** 2).sum(1).mean())
+    metrics["sensitivity"] = method
+    if task.every_position and pred.every is not None:
+        metrics["position_loss"] = position_loss(pred.every, refs.b64)
+    return metrics
+
+
+# ---------------------------------------------------------------- records
+def load_frozen(task_name: str, split: str):
+    """(task spec, task, frozen split) from the registry: the split is hash-checked against it."""
+    from zoo.science.registry import get_task_spec
+    from zoo.science.tasks.frozen import load_split
+
+    spec = get_task_spec(task_name)
+    return spec, spec.build(), load_split(task_name, split, spec=spec)
+
+
+def evaluate(model, *, task: str, split: str = "test", name: str | None = None, readout=None,
+             gd_steps: Sequence[int] = GD_STEPS, sensitivity: str = "auto", revision: str | None = None,
+             endpoint: str | None = None) -> dict:
+    """Score `model` (see the module docstring) on the frozen `split` of registry task `task`: a record
+    with the split's and the model's SHA-256, the zoo version and the metrics. `readout` overrides the
+    model's own; `sensitivity` is "auto", "autograd", "finite differences" or "none"; `revision` and
+    `endpoint` reach a Hub repo."""
+    candidate = as_candidate(model, name=name, readout=readout, revision=revision, endpoint=endpoint)
+    _, task_obj, frozen = load_frozen(task, split)
+    refs = split_references(task_obj, frozen, gd_steps) if isinstance(task_obj, LinearRegressionTask) else None
+    metrics = score(candidate, task_obj, frozen.batch(task_obj), sensitivity=sensitivity, refs=refs)
+    return {"format": RECORD_FORMAT, "task": task, "split": split, "dataset": frozen.name,
+            "dataset_sha256": frozen.sha256, "model": candidate.identity, "zoo_version": __version__,
+            "metrics": metrics}
+
+
+@dataclass
+class Verdict:
+    confirmed: bool
+    message: str  # one line
+
+
+def _numbers(value, path: str = ""):
+    """(path, number) for every number in a record's metrics, nested lists and dicts included."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _numbers(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _numbers(item, f"{path}[{i}]")
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        yield path, float(value)
+
+
+def check(record: dict, model, *, revision: str | None = None, endpoint: str | None = None,
+          rtol: float = CHECK_RTOL) -> Verdict:
+    """Score `model` again as `record` says it was scored and compare: the split's SHA-256, the model's
+    identity (file or weights SHA-256; a function's name) and every number of the metrics."""
+    try:
+        task, split, recorded = record["task"], record["split"], record["metrics"]
+        steps = [k["steps"] for k in recorded.get("gd_k_steps", [])]
+        sensitivity = recorded.get("sensitivity", "auto")
+        if not (isinstance(task, str) and isinstance(split, str) and isinstance(recorded, dict)):
+            raise TypeError
+    except (KeyError, TypeError, AttributeError):
+        raise BenchmarkError(f"not a benchmark record ({RECORD_FORMAT}): expected task, split and metrics "
+                             "as `zoo eval MODEL --task TASK --json` writes them") from None
+    rescored = evaluate(model, task=task, split=split, gd_steps=steps,
+                        sensitivity=sensitivity if sensitivity in SENSITIVITY_METHODS else "auto",
+                        revision=revision, endpoint=endpoint)
+    what = f"{rescored['model']['name']} on {rescored['dataset']}"
+    problems = []
+    if record.get("dataset_sha256") != rescored["dataset_sha256"]:
+        problems.append(f"the record's split has SHA-256 {record.get('dataset_sha256')}, this one {rescored['dataset_sha256']}")
+    mine, theirs = rescored["model"], record.get("model") or {}
+    key = "sha256" if "sha256" in theirs else "name"
+    if theirs.get(key) != mine.get(key):
+        problems.append(f"the record scored a model with {key} {theirs.get(key)}, this one has {mine.get(key)}")
+    now = dict(_numbers(rescored["metrics"]))
+    for path, value in _numbers(recorded):
+        got = now.get(path)
+        if got is None or not _agree(got, value, rtol):
+            problems.append(f"{path} recorded {value:.9g}, re-scored {'missing' if got is None else f'{got:.9g}'}")
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        return Verdict(False, f"refuted: {what}: {'; '.join(problems[:3])}{more}")
+    n = sum(1 for _ in _numbers(recorded))
+    return Verdict(True, f"confirmed: {what} (split SHA-256 {rescored['dataset_sha256'][:12]}…): "
+                         f"{n} numbers reproduced to a relative {rtol:g}")
+
+
+def _agree(a: float, b: float, rtol: float) -> bool:
+    return math.isclose(a, b, rel_tol=rtol, abs_tol=1e-12) or (math.isnan(a) and math.isnan(b))
+
+
+def summary_lines(record: dict) -> list[str]:
+    """The record in words, for `zoo eval` without --json."""
+    m, model = record["metrics"], record["model"]
+    scored = (f"{model['name']} ({model['kind']}) on {record['dataset']} ({m['n_tasks']} tasks, SHA-256 "
+              f"{record['dataset_sha256']}); output: {m['output']}")
+    lines = [scored, f"test loss {_pm(m, 'test_loss')}"]
+    if "gd_loss" in m:
+        cosine = f"{m['sensitivity_cosine']:.6f} ({m['sensitivity']})" if "sensitivity_cosine" in m else "not computed"
+        lines.append(f"one GD step (η* = {m['gd_eta']:.4g}) {_pm(m, 'gd_loss')}; model − GD {m['gd_paired_diff']:+.4g} "
+                     f"± {m['gd_paired_se']:.2g} (paired)")
+        lines += [f"{k['steps']} GD step{'s' * (k['steps'] > 1)} (η = {k['eta']:.4g}) {k['loss']:.6g} ± {k['loss_se']:.2g}"
+                  for k in m["gd_k_steps"]]
+        lines.append(f"least squares {_pm(m, 'lstsq_loss')}")
+        lines.append(f"prediction gap to GD {m['pred_l2_to_gd']:.4g}; sensitivity cosine to GD {cosine}")
+    if "position_loss" in m:
+        lines.append("loss by position: " + " ".join(f"{x:.3g}" for x in m["position_loss"]))
+    return lines
+
+
+def _pm(m: dict, key: str) -> str:
+    return f"{m[key]:.6g} ± {m[f'{key}_se']:.2g}"

@@ -1,0 +1,266 @@
+"""Sweeps: a TOML grid of entries × seeds × field overrides, run locally or on Ray, gathered
+into one results table. Every run is an ordinary checkpoint folder (publish/stream as usual).
+
+    name = "figure-3b"
+    entries = ["gated-rnn-zucchet-icl"]
+    seeds = [0, 1, 2, 3]
+    steps = 20000                       # optional: override every recipe's step count
+    [grid]
+    "arch.hidden" = [16, 32, 64, 128]   # dotted entry fields → values (Cartesian product)
+
+With `ensemble = true` the seeds of each (entry, overrides) train as one batched ensemble
+(zoo/running/ensemble.py); each member is still saved as its own checkpoint.
+
+Runs are named `<entry>--seed<S>[--<field>=<value>…]` under the sweep's output folder. A
+finished run (its config.json exists) is skipped, so re-running a sweep after an interruption
+resumes it; an interrupted training run resumes from its own training state.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from zoo.science.metrics import METRICS
+
+if TYPE_CHECKING:
+    from zoo.science.registry import Entry
+
+RESULT_COLUMNS = tuple(m.key for m in METRICS if m.in_sweeps)
+
+
+class SweepSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str  # also the default output folder, runs/<name>
+    entries: list[str] = Field(min_length=1)  # registry entries
+    seeds: list[int] = [0]  # training seeds (constructed entries run once)
+    steps: int | None = Field(None, gt=0)  # override every trained entry's step count
+    device: str | None = None  # default: CUDA when available
+    ensemble: bool = False  # train the seeds of each (entry, overrides) as one batched ensemble (zoo/running/ensemble.py)
+    compiled: bool = False  # train through torch.compile (CPU: up to 2.5–6× the steps/s after ~10–60 s compiling per run)
+    track_alignment: bool = False  # record the alignment metrics with GD at every eval step (blogpost Figure 10)
+    graphs: bool = True  # export each run's ONNX graphs (false: weights, card and results only; `zoo export RUN` adds them)
+    grid: dict[str, list[Any]] = {}  # dotted field → values
+
+
+@dataclass(frozen=True)
+class Run:
+    entry: str
+    seed: int | None
+    overrides: dict[str, Any]
+    # the entry with its overrides, validated once by `expand`: building the run uses it as it is
+    config: Entry = field(compare=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        parts = [self.entry] + ([f"seed{self.seed}"] if self.seed is not None else [])
+        parts += [f"{k.split('.')[-1]}={v}" for k, v in self.overrides.items()]
+        return "--".join(parts)
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    path = Path(path)
+    try:
+        return SweepSpec.model_validate(tomllib.loads(path.read_text()))
+    except (tomllib.TOMLDecodeError, ValidationError) as e:
+        raise ValueError(f"{path}: invalid sweep spec:\n{e}") from None
+
+
+def expand(spec: SweepSpec) -> list[Run]:
+    """The runs of a spec, validated against the registry before anything trains (the only time
+    a run's entry is validated: each run carries the result)."""
+    from zoo.science.registry import get_entry, with_overrides
+
+    keys = list(spec.grid)
+    runs = []
+    for name in spec.entries:
+        entry = get_entry(name)
+        trained = entry.source.kind == "trained"
+        seeds = spec.seeds if trained else [None]
+        # seeds and training-recipe fields do not apply to constructed entries
+        applicable = [k for k in keys if trained or not k.startswith("source.")]
+        combos = itertools.product(*(spec.grid[k] for k in applicable))
+        for combo in dict.fromkeys(tuple(zip(applicable, values)) for values in combos):
+            overrides = dict(combo)
+            config = with_overrides(entry, overrides) if overrides else entry  # fail now, not after hours of training
+            runs.extend(Run(name, seed, overrides, config) for seed in seeds)
+    return runs
+
+
+def run_one(run: Run, out_dir: str, steps: int | None, device: str | None, threads: int | None = None,
+            compiled: bool = False, model=None, track_alignment: bool = False, progress: bool = False,
+            graphs: bool = True) -> dict:
+    """Build one run (or read it back when finished) and return its results row. `model`: the run's
+    untrained model when the caller has built it already (`run_group`)."""
+    from zoo.running.builder import build
+    from zoo.storage.checkpoint import CONFIG, read_checkpoint
+
+    _limit_threads(threads)
+    folder = Path(out_dir) / run.name
+    if (folder / CONFIG).exists():
+        return result_row(run, read_checkpoint(folder), "cached")
+    _register_task_variant(run)
+    ckpt = build(run.config, folder, steps=steps, device=device, seed=run.seed, progress=progress, compiled=compiled,
+                 model=model, track_alignment=track_alignment, graphs=graphs)  # progress: the step bar, with its loss
+    return result_row(run, ckpt, "built")
+
+
+def result_row(run: Run, ckpt, status: str) -> dict:
+    row = {"run": run.name, "entry": run.entry, "seed": run.seed, **run.overrides, "status": status,
+           "steps": ckpt.provenance.get("steps"), "parameters": sum(p.numel() for p in ckpt.model.parameters())}
+    row.update({k: ckpt.metrics[k] for k in RESULT_COLUMNS if k in ckpt.metrics})
+    return row
+
+
+def _register_task_variant(run: Run) -> None:
+    """`task.*` overrides name a task variant that `expand` registered in its own process; a Ray
+    worker is a fresh one, where the variant is registered again (the task, not the entry, is checked)."""
+    from zoo.science.registry import default_registry, get_entry, task_variant
+
+    fields = {k.split(".", 1)[1]: v for k, v in run.overrides.items() if k.startswith("task.")}
+    if fields and run.config.task not in default_registry().tasks:
+        task_variant(get_entry(run.entry).task, fields)
+
+
+def _limit_threads(threads: int | None) -> None:
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)  # one Ray CPU per run: no oversubscription
+
+
+def run_group(runs: list[Run], out_dir: str, steps: int | None, device: str | None, threads: int | None = None,
+              compiled: bool = False, track_alignment: bool = False, progress: bool = False,
+              graphs: bool = True) -> list[dict]:
+    """Runs that differ only in their seed: trained together as an ensemble when there are
+    several unfinished ones and their model can be vmapped, else built one by one. `progress`: each
+    training's step bar with its train and validation loss (zoo.running.train)."""
+    from zoo.running.builder import build_ensemble, untrained_model
+    from zoo.running.train import training_mode
+    from zoo.storage.checkpoint import CONFIG
+
+    pending = [r for r in runs if not (Path(out_dir) / r.name / CONFIG).exists()]
+    _limit_threads(threads)
+    first, model, ensemble = (pending[0] if pending else None), None, False
+    if first and first.config.source.kind == "trained":
+        # The first run's untrained model, built once: with the recipe it decides the training mode
+        # (zoo.running.train.training_mode: an ensemble of the pending seeds, or on a GPU even of one, whose step
+        # is then one CUDA graph), then trains as the ensemble's first member or on its own.
+        _register_task_variant(first)
+        model = untrained_model(first.config, first.seed)
+        ensemble = training_mode(model, first.config.source, device, members=len(pending)).ensemble
+    if not ensemble:
+        return [run_one(r, out_dir, steps, device, compiled=compiled, model=model if r is first else None,
+                        track_alignment=track_alignment, progress=progress, graphs=graphs) for r in runs]
+    ckpts = build_ensemble(first.config, [r.seed for r in pending], [Path(out_dir) / r.name for r in pending],
+                           run_dir=Path(out_dir) / ".ensembles" / first.name.replace(f"--seed{first.seed}", ""),
+                           steps=steps, device=device, progress=progress, compiled=compiled, first=model,
+                           track_alignment=track_alignment, graphs=graphs)
+    built = {r.name: ckpt for r, ckpt in zip(pending, ckpts)}
+    return [result_row(r, built[r.name], f"built (ensemble of {len(pending)})") if r.name in built
+            else run_one(r, out_dir, steps, device, compiled=compiled, track_alignment=track_alignment, progress=progress,
+                         graphs=graphs)
+            for r in runs]
+
+
+def groups_of(runs: list[Run], ensemble: bool) -> list[list[Run]]:
+    if not ensemble:
+        return [[r] for r in runs]
+    grouped: dict[tuple, list[Run]] = {}
+    for r in runs:
+        grouped.setdefault((r.entry, tuple(r.overrides.items())), []).append(r)
+    return list(grouped.values())
+
+
+def run_sweep(spec: SweepSpec, out: str | Path | None = None, backend: Literal["local", "ray"] = "local",
+              address: str | None = None, gpus_per_run: float = 0.0, progress: bool = True) -> list[dict]:
+    out = Path(out or Path("runs") / spec.name)
+    out.mkdir(parents=True, exist_ok=True)
+    groups = groups_of(expand(spec), spec.ensemble)
+    if backend == "local":
+        from tqdm.auto import tqdm
+
+        bar = tqdm(groups, desc=spec.name, unit="group", disable=not progress)
+        rows = []
+        for g in bar:
+            bar.set_postfix_str(g[0].name if len(g) == 1 else f"{g[0].entry} ×{len(g)} seeds")
+            done = run_group(g, str(out), spec.steps, spec.device, compiled=spec.compiled,
+                             track_alignment=spec.track_alignment, progress=progress, graphs=spec.graphs)
+            rows += done
+            if progress:
+                for row in done:
+                    bar.write(run_line(row), file=sys.stderr)  # beside the bar; stdout keeps the results table
+    elif backend == "ray":
+        rows = _run_on_ray(groups, out, spec, address, gpus_per_run, progress=progress)
+    else:
+        raise ValueError(f"backend must be 'local' or 'ray', got {backend!r}")
+    write_results(rows, out)
+    return rows
+
+
+def run_line(row: dict) -> str:
+    """One finished run, as the sweep prints it: name, how it was made, steps and losses."""
+    parts = [row["status"]]
+    if row.get("steps"):
+        parts.append(f"{row['steps']:,} steps")
+    if isinstance(row.get("test_loss"), float):
+        parts.append(f"test loss {row['test_loss']:.5g}"
+                     + (f" (GD {row['gd_loss']:.5g})" if isinstance(row.get("gd_loss"), float) else ""))
+    return f"  {row['run']}: " + ", ".join(parts)
+
+
+def _run_on_ray(groups: list[list[Run]], out: Path, spec: SweepSpec, address: str | None, gpus_per_run: float,
+                progress: bool = False) -> list[dict]:
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError("the Ray backend needs Ray: pip install 'icl-zoo[ray]'") from None
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    try:
+        remote = ray.remote(num_cpus=1, num_gpus=gpus_per_run)(run_group)
+        pending = {remote.remote(g, str(out.resolve()), spec.steps, spec.device, 1, spec.compiled,
+                                 spec.track_alignment, graphs=spec.graphs): i for i, g in enumerate(groups)}
+        results: list[list[dict]] = [[] for _ in groups]
+        while pending:  # each group's runs printed as they finish, in whatever order the cluster ends them
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                results[pending.pop(ref)] = rows = ray.get(ref)
+                if progress:
+                    for row in rows:
+                        print(run_line(row) + f"  [{len(groups) - len(pending)}/{len(groups)} groups]", file=sys.stderr,
+                              flush=True)
+        return [row for rows in results for row in rows]
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def write_results(rows: list[dict], out: Path) -> None:
+    """results.json (every column) and results.md (a table) in the sweep folder."""
+    (out / "results.json").write_text(json.dumps(rows, indent=2))
+    (out / "results.md").write_text(markdown_table(rows))
+
+
+def markdown_table(rows: list[dict]) -> str:
+    if not rows:
+        return "(no runs)\n"
+    columns = [c for c in rows[0] if c not in ("entry", "status")]
+    for row in rows[1:]:
+        columns += [c for c in row if c not in columns and c not in ("entry", "status")]
+
+    def fmt(v):
+        return f"{v:.5g}" if isinstance(v, float) else ("" if v is None else str(v))
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,232 @@
+"""A deep sequence model from recurrent blocks: linear embedding → L blocks → linear read-out.
+
+    x_0 = E s_t ;  x_l = x_{l−1} + block_l(x_{l−1})  (residual; or x_l = block_l(x_{l−1}))
+    out_t = W_out x_L
+
+No normalisation layers: Zucchet et al. (section 3.3) compare LRUs, LSTMs and GRUs without "layer
+normalization, dropout, or skip connections" (their entries turn the residual off).
+A block implements `forward_chunk(x (B, T, h), state | None) -> (y, state after the last step)`
+(`forward` is it from the zero state), `state_shapes()` → [(name, shape without batch)] and
+`step(x (B, h), state) -> (y, new_state)`; the stack names the state `<layer>.<name>` and the
+tests of every family check `forward_chunk` = iterated `step`.
+
+This file is the family of the deep stacks: one config schema for every block type (LRU, S5,
+LSTM, GRU, bi-LSTM, Mamba, Griffin; the blocks live in their own files), the table from block
+type to block, and the LSTM ⇐ LSA construction (Zucchet et al. A.2, Table 4).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field, model_validator
+from torch import nn
+
+from zoo.science.models.base import ConstructionRule, Family, NotRecurrentError, RecurrentBlock, ZooModel
+from zoo.science.models.classic_rnn import GRUBlock, LSTMBlock
+from zoo.science.models.griffin import GriffinRecurrentBlock, LocalAttentionBlock
+from zoo.science.models.lru import LRUBlock, S5Block
+from zoo.science.models.lsa import ImplementedLSA, implemented_lsa, lsa_problem, lsa_width
+from zoo.science.models.mamba import MambaBlock
+from zoo.science.schema import Strict
+from zoo.science.tasks.regression import Readout
+
+
+class SequenceStack(ZooModel):
+    def __init__(self, d_in: int, d_out: int, readout: Readout, blocks: list[RecurrentBlock], width: int,
+                 residual: bool = True):
+        super().__init__(d_in=d_in, d_out=d_out, readout=readout)
+        self.embed = nn.Linear(d_in, width)
+        self.blocks = nn.ModuleList(blocks)
+        self.head = nn.Linear(width, d_out)
+        self.residual = residual
+        self.recurrent = all(block.recurrent for block in blocks)
+        self.dynamic_time = all(block.dynamic_time for block in blocks)
+        self.chunk_len = min(block.chunk_len for block in blocks)
+        self.vmappable = all(getattr(block, "vmappable", True) for block in blocks)
+        self.compile_pays = all(getattr(block, "compile_pays", True) for block in blocks)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self._through(self.blocks, self.embed(tokens)))  # (B, T, d_out)
+
+    def _through(self, blocks, x: torch.Tensor) -> torch.Tensor:
+        """x (B, T, h) through `blocks`, with the residual connections when the stack has them."""
+        for block in blocks:
+            y = block(x)
+            x = x + y if self.residual else y
+        return x
+
+    def predict(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The read-out. With one query position, the last block and the head run for that position
+        only (`forward_last`: a bi-LSTM's backward direction is then one step). A causal stack drops
+        the tokens after the query; one that sees the future keeps them, and reads the last token
+        only (otherwise it takes the full forward pass)."""
+        position = self.readout.position
+        if position is None or (not self.recurrent and position != -1):
+            return super().predict(tokens)
+        x = self._through(self.blocks[:-1], self.embed(tokens[:, : self.readout.query_end(tokens.shape[1])]))  # (B, q, h)
+        y = self.blocks[-1].forward_last(x)  # (B, h)
+        return self.readout.channels(self.head(x[:, -1] + y if self.residual else y))  # (B, d_y)
+
+    def forward_chunk(self, tokens: torch.Tensor, state: tuple[torch.Tensor, ...] | None):
+        self._require_recurrent()
+        x, new_state, i = self.embed(tokens), [], 0
+        for block in self.blocks:
+            n = len(block.state_shapes())
+            y, block_state = block.forward_chunk(x, None if state is None else tuple(state[i : i + n]))
+            i += n
+            new_state.extend(block_state)
+            x = x + y if self.residual else y
+        return self.head(x), tuple(new_state)
+
+    # ------------------------------------------------------------------ recurrence
+    def _require_recurrent(self) -> None:
+        if not self.recurrent:
+            raise NotRecurrentError(f"{type(self).__name__} with these blocks sees the future (bidirectional); no recurrent state")
+
+    def state_shapes(self):
+        self._require_recurrent()
+        return [(f"{i}.{name}", shape) for i, block in enumerate(self.blocks) for name, shape in block.state_shapes()]
+
+    def step(self, token: torch.Tensor, state: tuple[torch.Tensor, ...]):
+        self._require_recurrent()
+        x, new_state, i = self.embed(token), [], 0
+        for block in self.blocks:
+            n = len(block.state_shapes())
+            y, block_state = block.step(x, tuple(state[i : i + n]))
+            i += n
+            new_state.extend(block_state)
+            x = x + y if self.residual else y
+        return self.head(x), tuple(new_state)
+
+
+# ---------------------------------------------------------------------------- LSTM ⇐ LSA
+# An LSTM layer that approximates a causal linear self-attention layer (Zucchet et al. A.2,
+# Table 4, left), made exact in the limit of a small linearisation scale ε. Table 4 sets f = 1
+# (b_f = +∞), c̃ = W_K x, g = W_V x, o = W_Q x and assumes c̃, g, o, tanh(c) linear. With the real
+# nonlinearities, neuron (i, j, a, b) ∈ [d]² × {0, 1}² uses (torch's gate names in brackets)
+#
+#     g  [input gate]  = σ(ε a · v_i)          c̃ [cell candidate] = tanh(ε k_j)
+#     f  [forget gate] = σ(+100) = 1           o  [output gate]    = σ(ε b · q_j)
+#
+# so c_{ij,a} = Σ_s σ(ε a v_i) tanh(ε k_j) and h = o ⊙ tanh(c). The read-out combines the four
+# copies (the "double the neurons" trick of A.1, once for g and once for o):
+#
+#     out_i = 16/ε³ Σ_j (h_ij11 − h_ij10 − h_ij01 + h_ij00)
+#           = 16/ε³ Σ_j (σ(ε q_j) − ½)(tanh c_ij1 − tanh c_ij0)  →  Σ_j q_j S_ij  as ε → 0
+#
+# with relative error O(ε²) (σ(x) − ½ = x/4 − x³/48 + …, tanh x = x − x³/3 + …, and tanh(c)
+# linear only while c = O(ε T) is small), until rounding, amplified by 16/ε³, takes over. The
+# layer needs 4d² neurons; its input is the token itself (embedding = [I; 0]).
+FORGET_BIAS = 100.0  # σ(100) = 1 exactly in float32 and float64: perfect memory
+
+
+def lstm_width(d: int) -> int:
+    return 4 * d * d
+
+
+@torch.no_grad()
+def lstm_from_lsa(model: SequenceStack, w_v: torch.Tensor, w_k: torch.Tensor, w_q: torch.Tensor, scale: float) -> SequenceStack:
+    d = w_v.shape[0]
+    (block,) = model.blocks
+    if not isinstance(block, LSTMBlock) or block.width != lstm_width(d) or model.residual:
+        raise ValueError(f"the LSTM construction needs one LSTM layer of width 4d² = {lstm_width(d)} without residual")
+    for p in model.parameters():
+        p.zero_()
+    model.embed.weight[:d, :d] = torch.eye(d)
+    lstm, width = block.lstm, block.width
+    w_ih = lstm.weight_ih_l0.view(4, width, width)  # torch gate order: input (g), forget, cell (c̃), output (o)
+    lstm.bias_ih_l0.view(4, width)[1] = FORGET_BIAS
+    coef = 16 / scale**3
+    for i in range(d):
+        for j in range(d):
+            for a in (0, 1):
+                for b in (0, 1):
+                    n = ((i * d + j) * 2 + a) * 2 + b
+                    w_ih[0, n, :d] = scale * a * w_v[i]
+                    w_ih[2, n, :d] = scale * w_k[j]
+                    w_ih[3, n, :d] = scale * b * w_q[j]
+                    model.head.weight[i, n] = coef * (1 if a == b else -1)
+    return model
+
+
+# ---------------------------------------------------------------------------- the family
+class RecurrentStackArch(Strict):
+    """Embedding → n_layers blocks → read-out, no norms."""
+
+    type: Literal["lru", "s5", "lstm", "gru", "bilstm", "mamba", "griffin"]
+    width: int = Field(64, gt=0)  # embedding width w
+    n_layers: int = Field(1, ge=1)  # blocks (Griffin alternates recurrent and local attention)
+    hidden: int | None = Field(None, gt=0)  # LRU/S5 complex neurons n (default: width)
+    residual: bool | None = None  # x_l = x_{l-1} + block_l(x_{l-1}); None: the type's default (RESIDUAL_FREE)
+    variant: Literal["out", "in_out", "in_skip"] = "out"  # LRU gating (Zucchet A.1): LRU Out / In+Out / In+Skip
+    r_range: tuple[float, float] = (0.0, 1.0)  # LRU initial |λ| range
+    state_size: int = Field(16, gt=0)  # Mamba N
+    expand: int = Field(2, gt=0)  # Mamba/Griffin inner width = expand · width
+    window: int = Field(8, ge=1)  # Griffin local attention window
+
+    @model_validator(mode="after")
+    def _variant_is_lru_only(self):
+        if self.variant != "out" and self.type != "lru":
+            raise ValueError(f"'variant' applies to type 'lru' only, not {self.type!r}")
+        if self.type == "bilstm" and self.width % 2:
+            raise ValueError("a bidirectional LSTM needs an even width (two directions of width/2)")
+        return self
+
+
+BLOCKS = {  # arch type → block of layer i
+    "lru": lambda a, i: LRUBlock(a.width, a.hidden or a.width, a.variant, *a.r_range),
+    "s5": lambda a, i: S5Block(a.width, a.hidden or a.width),
+    "lstm": lambda a, i: LSTMBlock(a.width),
+    "gru": lambda a, i: GRUBlock(a.width),
+    "bilstm": lambda a, i: LSTMBlock(a.width, bidirectional=True),
+    "mamba": lambda a, i: MambaBlock(a.width, a.state_size, a.expand),
+    "griffin": lambda a, i: LocalAttentionBlock(a.width, a.window) if i % 2 else GriffinRecurrentBlock(a.width, a.expand),
+}
+# Types without a residual by default: the classic RNN stacks as Zucchet et al. compare them. Zucchet's
+# LRUs have none either (section 3.3: "we do not include any of those" skip connections); their entries
+# say `residual = false`, as the default for "lru" stays the residual that older checkpoints were built with.
+RESIDUAL_FREE = ("lstm", "gru", "bilstm")
+
+
+def build(arch: RecurrentStackArch, task) -> SequenceStack:
+    blocks = [BLOCKS[arch.type](arch, i) for i in range(arch.n_layers)]
+    residual = arch.type not in RESIDUAL_FREE if arch.residual is None else arch.residual
+    return SequenceStack(task.token_dim, task.d_out, task.readout, blocks, arch.width, residual=residual)
+
+
+class LSTMFromLSAKnobs(ImplementedLSA):
+    scale: float = Field(0.01, gt=0)  # linearisation scale ε (error O(ε²) until rounding)
+
+
+def _lstm_from_lsa_problem(arch: RecurrentStackArch, task, source) -> str | None:
+    problem = lsa_problem(task, source)
+    if problem:
+        return problem
+    d = lsa_width(task)
+    if arch.type != "lstm" or arch.n_layers != 1 or arch.width != lstm_width(d) or arch.residual:
+        return f"'lstm_from_lsa' needs one 'lstm' layer of width 4d² = {lstm_width(d)} without residual"
+    return None
+
+
+def _apply_lstm_from_lsa(model: SequenceStack, task, source, validation_batch=None) -> dict:
+    weights, info = implemented_lsa(task, source, validation_batch)
+    lstm_from_lsa(model, *weights, scale=source.scale)
+    return {**info, "scale": source.scale}
+
+
+FAMILY = Family(
+    name="stack",
+    arch=RecurrentStackArch,
+    build=build,
+    constructions={"lstm_from_lsa": ConstructionRule(_lstm_from_lsa_problem, _apply_lstm_from_lsa,
+                                                     "an LSTM layer ≈ an LSA layer, exact as ε → 0", arch_types=("lstm",),
+                                                     knobs=LSTMFromLSAKnobs, exact=False)},
+    card="""
+A deep recurrent stack (linear embedding → blocks → linear read-out, no normalisation layers, as
+Zucchet et al. A.1 compare them): LRU (with its gating variants), S5, LSTM, GRU, bi-LSTM, Mamba or
+Griffin blocks, trained on the same frozen tasks as the models that implement gradient descent and
+scored with the same metrics.
+""",
+)
