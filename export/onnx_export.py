@@ -25,7 +25,9 @@ import logging
 import warnings
 from pathlib import Path
 
+import numpy as np
 import onnx
+import onnxruntime as ort
 import torch
 
 from export.scan_graph import scan_step_graph
@@ -157,6 +159,7 @@ def export_step(model, path: Path, *, entry_name: str = "", token_layout: dict |
     dyn = ({0: batch}, tuple({0: batch} for _ in state))  # (token, *state): state arrives as one tuple
     _export(_StepGraph(model), (token, *state), path, ["token", *in_names], ["out", *out_names], dyn)
     _metadata(path, {**_common_metadata(model, entry_name, token_layout), "graph": "step", "state_layout": _state_layout(model, state)})
+    check_graph(model, path)
     return path
 
 
@@ -174,7 +177,7 @@ def export_chunk(model, path: Path, *, entry_name: str = "", step_graph: Path | 
     model's `step_graph` file when one was just exported, else a fresh export)."""
     model = _fp32_copy(model)
     state = model.init_state(EXPORT_BATCH)
-    if model.dynamic_time:
+    if model.has_parallel_form:
         in_names, out_names = state_io_names(model)
         tokens = torch.zeros(EXPORT_BATCH, min(8, model.chunk_len), model.d_in)
         batch, time = torch.export.Dim("batch", min=1), torch.export.Dim("time", min=1, max=model.chunk_len)
@@ -194,6 +197,7 @@ def export_chunk(model, path: Path, *, entry_name: str = "", step_graph: Path | 
             step.unlink(missing_ok=True)
     _metadata(path, {**_common_metadata(model, entry_name, token_layout), "graph": "chunk", "time": valid,
                      "state_layout": _state_layout(model, state)})
+    check_graph(model, path)
     return path
 
 
@@ -201,15 +205,16 @@ def export_chunk(model, path: Path, *, entry_name: str = "", step_graph: Path | 
 def export_sequence(model, path: Path, *, entry_name: str = "", seq_len: int = 8, token_layout: dict | None = None) -> Path:
     """Write the whole-sequence graph (B, T, d_in) -> (B, T, d_out). T is symbolic up to
     EXPORT_MAX_LEN (the scans' doublings), except for models whose fused kernels fix it
-    (`dynamic_time = False`): then T = `seq_len`. The metadata's `time` records which."""
+    (`has_parallel_form = False`): then T = `seq_len`. The metadata's `time` records which."""
     model = _fp32_copy(model)
     tokens = torch.zeros(EXPORT_BATCH, seq_len, model.d_in)
     axes = {0: torch.export.Dim("batch", min=1)}
-    if model.dynamic_time:
+    if model.has_parallel_form:
         axes[1] = torch.export.Dim("time", min=2, max=EXPORT_MAX_LEN)
     _export(_SequenceGraph(model), (tokens,), path, ["tokens"], ["out"], (axes,))
-    time = f"2..{EXPORT_MAX_LEN}" if model.dynamic_time else seq_len
+    time = f"2..{EXPORT_MAX_LEN}" if model.has_parallel_form else seq_len
     _metadata(path, {**_common_metadata(model, entry_name, token_layout), "graph": "sequence", "time": time})
+    check_graph(model, path)
     return path
 
 
@@ -230,3 +235,105 @@ def export_checkpoint_graphs(ckpt, folder: Path) -> list[Path]:
         step = export_step(ckpt.model, folder / STEP_FILE, **meta)
         written += [step, export_chunk(ckpt.model, folder / CHUNK_FILE, step_graph=step, **meta)]
     return written
+
+
+# ---------------------------------------------------------------------------- the graph's claim, checked
+CHECK_LENGTHS = (3, 13)  # two lengths every exported chunk and sequence graph must run at (neither the traced 8)
+CHECK_SEED = 0
+
+
+class GraphContractError(ValueError):
+    """An exported graph does not do what its metadata says (one line: the file, the claim, what ran)."""
+
+
+def _ort_session(path: Path):
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _stepped(model, tokens: torch.Tensor, state) -> tuple[torch.Tensor, tuple]:
+    """`model.step` iterated over tokens (B, T, d_in) from `state`: the reference every graph is held to."""
+    outs = []
+    for t in range(tokens.shape[1]):
+        out, state = model.step(tokens[:, t], state)
+        outs.append(out)
+    return torch.stack(outs, 1), state
+
+
+def _close(got: np.ndarray, ref: torch.Tensor) -> float | None:
+    """The largest error when it exceeds fp32's share of the output's scale (graphs and torch run the same fp32
+    weights; their sums differ only in order), else None."""
+    ref = ref.detach().double().numpy()
+    err = float(np.abs(got.astype(np.float64) - ref).max()) if got.shape == ref.shape else float("inf")
+    return err if err > 1e-4 * max(1.0, float(np.abs(ref).max())) else None
+
+
+def check_graph(model, path: Path) -> None:
+    """`_check_graph`; a refused graph file is removed, so no export leaves one behind."""
+    try:
+        _check_graph(model, path)
+    except GraphContractError:
+        Path(path).unlink(missing_ok=True)
+        raise
+
+
+@torch.no_grad()
+def _check_graph(model, path: Path) -> None:
+    """Run the exported graph `path` through ONNX Runtime where its metadata says it is valid and hold it to the
+    model: a step graph to `step` over a few tokens; a chunk graph at two lengths (CHECK_LENGTHS, the second
+    continuing the first's state) to `step` iterated over both; a sequence graph at two lengths (or its one
+    fixed length) to `forward`. A graph that fails to run at a length its metadata claims, or computes other
+    numbers, is refused in one line: the export never ships a graph whose time axis is not what it says."""
+    model = _fp32_copy(model)
+    session = _ort_session(path)
+    meta = session.get_modelmeta().custom_metadata_map
+    graph, time = meta["icl_zoo.graph"], meta.get("icl_zoo.time")  # "1..1024", "2..N" and "any" raw; a fixed T as JSON
+    time = int(time) if time is not None and time.isdigit() else time
+    rng = np.random.default_rng(CHECK_SEED)
+
+    def tokens(T: int) -> np.ndarray:
+        return (0.5 * rng.uniform(-1, 1, (EXPORT_BATCH, T, model.d_in))).astype(np.float32)
+
+    def run(feed: dict, what: str) -> list[np.ndarray]:
+        try:
+            return session.run(None, feed)
+        except Exception as e:  # onnxruntime's own error types: a shape the graph does not take
+            message = " ".join(str(e).split())[:300]
+            raise GraphContractError(f"{path.name}: the {graph} graph claims time {time or 'one token'} but fails "
+                                     f"{what}: {message}") from None
+
+    def refuse(what: str, err: float) -> None:
+        raise GraphContractError(f"{path.name}: the {graph} graph claims time {time or 'one token'} but {what} it "
+                                 f"differs from torch by {err:.3g}")
+
+    if graph == "step":
+        x = tokens(CHECK_LENGTHS[0])
+        state = [s.numpy() for s in model.init_state(EXPORT_BATCH)]
+        in_names, _ = state_io_names(model)
+        ref, _ = _stepped(model, torch.from_numpy(x), model.init_state(EXPORT_BATCH))
+        for t in range(x.shape[1]):
+            out, *state = run({"token": x[:, t], **dict(zip(in_names, state))}, f"at token {t}")
+            if (err := _close(out, ref[:, t])) is not None:
+                refuse(f"at token {t}", err)
+    elif graph == "chunk":
+        longest = None if time == "any" else int(str(time).split("..")[1])
+        lengths = [T if longest is None else min(T, longest) for T in CHECK_LENGTHS]
+        in_names, _ = state_io_names(model)
+        state, xs, outs = [s.numpy() for s in model.init_state(EXPORT_BATCH)], [], []
+        for T in lengths:
+            x = tokens(T)
+            out, *state = run({"tokens": x, **dict(zip(in_names, state))}, f"at T = {T}")
+            xs.append(x)
+            outs.append(out)
+        ref, _ = _stepped(model, torch.from_numpy(np.concatenate(xs, 1)), model.init_state(EXPORT_BATCH))
+        if (err := _close(np.concatenate(outs, 1), ref)) is not None:
+            refuse(f"over chunks of T = {lengths[0]} then {lengths[1]} (state carried)", err)
+    else:
+        lengths = CHECK_LENGTHS if isinstance(time, str) else (int(time),)
+        for T in lengths:
+            x = tokens(T)
+            (out,) = run({"tokens": x}, f"at T = {T}")
+            if (err := _close(out, model(torch.from_numpy(x)))) is not None:
+                refuse(f"at T = {T}", err)

@@ -82,7 +82,7 @@ def exported(tmp_path_factory):
                 export_step(model, path, entry_name=entry.name)
             else:  # a model without a parallel form scans its step graph: the one exported here
                 export_chunk(model, path, entry_name=entry.name,
-                             step_graph=None if model.dynamic_time else get(entry, "step"))
+                             step_graph=None if model.has_parallel_form else get(entry, "step"))
             made[entry.name, kind] = path
         return made[entry.name, kind]
 
@@ -253,7 +253,7 @@ def test_chunked_stream_at_10k_tokens_equals_step_graph_and_torch(entry, length,
         piece = min(p for k, p in session.candidates())
         session._choice[2] = (kind, piece)  # each run length is one the probe may pick
         if kind == "parallel":
-            assert piece == min(model.chunk_len if model.dynamic_time else RUN_TOKENS, PARALLEL_TOKENS // 2)
+            assert piece == min(model.chunk_len if model.has_parallel_form else RUN_TOKENS, PARALLEL_TOKENS // 2)
         cuts = sorted({min(c, length) for c in (0, 1, piece + 5, piece + 6, 3 * piece + 7, length)})  # uneven pieces
         chunked = np.concatenate([session.push(tokens[:, a:b].numpy()) for a, b in zip(cuts, cuts[1:])], axis=1)
         np.testing.assert_allclose(chunked, stepped, rtol=0, atol=1e-5 * max(1.0, np.abs(stepped).max()), err_msg=kind)

@@ -62,7 +62,6 @@ from zoo.science.tasks.regression import (
     least_squares_predict,
     line_search_eta,
 )
-from zoo.science.tasks.teacher import LSATeacherTask
 from zoo.version import __version__
 
 RECORD_FORMAT = "icl-zoo/publishing/benchmark/v1"
@@ -97,8 +96,8 @@ def _first_line(error: BaseException) -> str:
 def _expects(task) -> str:
     """The contract for `task`, in words."""
     shapes = f"(B, {task.n_tokens}, {task.token_dim})"
-    if isinstance(task, LSATeacherTask):
-        return f"tokens {shapes} float32 → predictions (B, {task.n_tokens}, {task.d}) at every position"
+    if not task.has_gd_reference:
+        return f"tokens {shapes} float32 → predictions (B, {task.n_tokens}, {task.prediction_dim}) at every position"
     every = f", or (B, {task.n_tokens}, {task.d_y}) at every position" if task.every_position else ""
     return (f"tokens {shapes} float32 → predictions (B, {task.d_y}) at the query{every}, or outputs "
             f"(B, {task.n_tokens}, d_out) with a read-out")
@@ -317,11 +316,11 @@ class Predictions:
 
 
 def _d_y(task) -> int:
-    return task.d if isinstance(task, LSATeacherTask) else task.d_y
+    return task.prediction_dim
 
 
 def _every_position(task) -> bool:
-    return isinstance(task, LSATeacherTask) or task.every_position
+    return task.predicts_every_position
 
 
 def read_output(out: torch.Tensor, task, candidate: Candidate, batch: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -329,7 +328,7 @@ def read_output(out: torch.Tensor, task, candidate: Candidate, batch: int) -> tu
     saying which shape the contract expects. Predictions must be finite."""
     d_y, n_tokens, shape = _d_y(task), task.n_tokens, tuple(out.shape)
     query = every = None
-    if len(shape) == 2 and shape == (batch, d_y) and not isinstance(task, LSATeacherTask):
+    if len(shape) == 2 and shape == (batch, d_y) and task.has_gd_reference:
         query = out
     elif len(shape) == 3 and shape[:2] == (batch, n_tokens):
         r = candidate.readout
@@ -338,7 +337,7 @@ def read_output(out: torch.Tensor, task, candidate: Candidate, batch: int) -> tu
             every = r.channels(out) if r.position is None and _every_position(task) else None
         elif r is None and _every_position(task) and shape[2] == d_y:
             query, every = out[:, -1], out
-    if query is None or every is None and isinstance(task, LSATeacherTask):
+    if query is None or every is None and not task.has_gd_reference:
         r = candidate.readout
         why = f" (its read-out: position {r.position}, channels {r.start}:{r.stop})" if r is not None else ""
         raise BenchmarkError(f"{candidate.name}: output shape {shape}{why}; the contract: {_expects(task)}")
@@ -514,7 +513,7 @@ def score(candidate: Candidate, task, batch, *, gd_steps: Sequence[int] = GD_STE
     candidate.check_inputs(task)
     tokens = batch.tokens
     pred = predict(candidate, task, tokens)
-    if isinstance(task, LSATeacherTask):  # a teacher–student task has no GD or least-squares reference
+    if not task.has_gd_reference:  # a teacher–student task has no GD or least-squares reference
         return {**loss_summary("test_loss", per_task_loss(pred.every, batch.targets)), "n_tasks": int(tokens.shape[0]),
                 "output": "every position", "sensitivity": "none"}
     refs = refs or references(task, batch, gd_steps)
@@ -551,7 +550,7 @@ def evaluate(model, *, task: str, split: str = "test", name: str | None = None, 
     `endpoint` reach a Hub repo."""
     candidate = as_candidate(model, name=name, readout=readout, revision=revision, endpoint=endpoint)
     _, task_obj, frozen = load_frozen(task, split)
-    refs = split_references(task_obj, frozen, gd_steps) if isinstance(task_obj, LinearRegressionTask) else None
+    refs = split_references(task_obj, frozen, gd_steps) if task_obj.has_gd_reference else None
     metrics = score(candidate, task_obj, frozen.batch(task_obj), sensitivity=sensitivity, refs=refs)
     return {"format": RECORD_FORMAT, "task": task, "split": split, "dataset": frozen.name,
             "dataset_sha256": frozen.sha256, "model": candidate.identity, "zoo_version": __version__,

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zoo.publishing.benchmark import as_candidate, checkpoint_candidate, load_frozen, score, split_references
-from zoo.science.tasks.regression import LinearRegressionTask
 
 FOLDER = "leaderboards"  # in the release root
 KIND_COLOURS = {"released": "C0", "reference": "0.3", "outside": "C3"}
@@ -83,7 +82,7 @@ def leaderboard(task: str, *, split: str = "test", add: dict | None = None, rele
 
     spec, task_obj, frozen = load_frozen(task, split)
     batch = frozen.batch(task_obj)
-    regression = isinstance(task_obj, LinearRegressionTask)  # a teacher–student task has no GD or least squares
+    regression = task_obj.has_gd_reference  # a teacher–student task has no GD or least squares
     refs = split_references(task_obj, frozen) if regression else None
     rows = []
     for name, model in (add or {}).items():

@@ -100,9 +100,7 @@ def build(
 
 def _alignment_probe(entry, task, construction, validation):
     """`zoo.science.evaluation.alignment_probe` against the GD the entry's card compares it with (`gd_reference`)."""
-    from zoo.science.tasks.regression import LinearRegressionTask
-
-    if not isinstance(task, LinearRegressionTask):
+    if not task.has_gd_reference:
         raise ValueError(f"entry '{entry.name}': alignment with GD is defined for in-context regression tasks, "
                          f"not {type(task).__name__}")
     reference = gd_reference(entry, task, construction, validation.batch(task, dtype=torch.float64))

@@ -51,8 +51,8 @@ class StackedParameters(nn.Module):
         self.names = list(stacked)
         for name, value in stacked.items():
             self.register_parameter(_safe(name), nn.Parameter(value.detach().clone()))
-        self._exempt = {_safe(n) for n in (base.no_weight_decay() if hasattr(base, "no_weight_decay") else set())}
-        self._recurrent = {_safe(n) for n in getattr(base, "recurrent_parameter_names", lambda: set())()}
+        self._exempt = {_safe(n) for n in base.no_weight_decay()}
+        self._recurrent = {_safe(n) for n in base.recurrent_parameter_names()}
 
     def by_name(self) -> dict[str, torch.Tensor]:
         return {n: getattr(self, _safe(n)) for n in self.names}

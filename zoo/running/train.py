@@ -75,14 +75,12 @@ def make_optimizer(model: torch.nn.Module, recipe, *, capturable: bool = False, 
     each group's lr a 0-d device tensor that a captured step can rewrite in place.
     `tensor_lr=True` (for a compiled update) makes each group's lr a 0-d tensor too, so the
     schedule rewrites it in place instead of handing the compiled step a new constant (a recompile)."""
-    exempt = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
+    exempt = model.no_weight_decay()
     frozen = getattr(recipe, "frozen", lambda name: False)
     for name, p in model.named_parameters():
         if frozen(name):
             p.requires_grad_(False)  # no gradient, no update, no weight decay, not in the clipped norm
-    recurrent = set()
-    if recipe.recurrent_lr is not None and hasattr(model, "recurrent_parameter_names"):
-        recurrent = model.recurrent_parameter_names()
+    recurrent = model.recurrent_parameter_names() if recipe.recurrent_lr is not None else set()
     groups: dict[tuple[bool, bool], list] = {}
     for name, p in model.named_parameters():
         if p.requires_grad:

@@ -11,6 +11,7 @@ distance and KV/Q scores instead:
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import torch
 
@@ -20,10 +21,10 @@ from zoo.science.analysis.polynomial import (
     prediction_map,
     regression_coefficient_table,
 )
-from zoo.science.analysis.rnn import imperfect_memory_effect, kv_q_scores, memory_leak
 from zoo.science.models import FAMILY_OF_TYPE
-from zoo.science.models.gated_rnn import GatedLinearRNN
-from zoo.science.models.lsa import LinearSelfAttention, teacher_lsa
+from zoo.science.models.lsa import loop_curve, teacher_lsa  # noqa: F401  (loop_curve: the LSA's Figure 13, `zoo eval --loops`)
+from zoo.science.registry import get_task_spec
+from zoo.science.tasks.frozen import load_split
 from zoo.science.tasks.regression import (
     LinearRegressionTask,
     TaskBatch,
@@ -36,7 +37,6 @@ from zoo.science.tasks.regression import (
     prefix_least_squares_predict,
     resolve_eta,
 )
-from zoo.science.tasks.teacher import LSATeacherTask
 
 TASKS_PER_PASS = 2500  # tasks per autograd pass: bounds memory on 10 000-task splits
 
@@ -84,33 +84,41 @@ def _jacobian_rows(pred: torch.Tensor, wrt: torch.Tensor) -> torch.Tensor:
 
 
 def evaluate(model, task, batch, *, eta: float | None = None, gd_steps: int = 1, ridge: float = 0.0) -> dict:
-    """All metrics of `model` on `batch` (a frozen split of `task`); regression models are
-    compared with `gd_steps` GD steps at rate `eta` (default: one step at the analytic η*)."""
-    if isinstance(task, LSATeacherTask):
-        return evaluate_teacher_student(model, task, batch)
-    metrics = evaluate_regression(model, task, batch, eta=eta, gd_steps=gd_steps, ridge=ridge)
-    if has_polynomial_map(model) and task.layout == "pairs":
-        # Table 2: the instantaneous polynomial of the first output unit vs one GD step
-        metrics["polynomial"] = regression_coefficient_table(model, task.d_x, task.d_y)
-    metrics.update(memory_metrics(model))
+    """All metrics of `model` on `batch` (a frozen split of `task`). On a task with a GD reference the model is
+    compared with `gd_steps` GD steps at rate `eta` (default: one step at the analytic η*) and least squares;
+    on a task with a teacher, its polynomial map with the teacher's (Table 1); then the metrics its family adds
+    (`model.family_metrics`). Nothing here knows a concrete task or family: each answers for itself."""
+    if task.has_gd_reference:
+        metrics = evaluate_regression(model, task, batch, eta=eta, gd_steps=gd_steps, ridge=ridge)
+        if model.has_polynomial_map() and task.layout == "pairs":
+            # Table 2: the instantaneous polynomial of the first output unit vs one GD step
+            metrics["polynomial"] = regression_coefficient_table(model, task.d_x, task.d_y)
+    else:
+        metrics = evaluate_loss(model, task, batch)
+    if task.teacher_weights() is not None and model.has_polynomial_map():
+        student, _ = coefficients(prediction_map(model), task.prediction_dim)
+        teacher, _ = coefficients(prediction_map(teacher_lsa(task)), task.prediction_dim)
+        metrics["polynomial_distance"] = polynomial_distance(student, teacher)
+    metrics.update(model.family_metrics(task, batch))
     return metrics
 
 
-def memory_metrics(model) -> dict:
-    """`memory_leak` for diagonal gated RNNs that have memory neurons; nothing for other models."""
-    if not (isinstance(model, GatedLinearRNN) and model.recurrence == "diagonal"):
-        return {}
-    leak = memory_leak(model)
-    return {} if leak is None else {"memory_leak": leak}
+def evaluate_loss(model, task, batch) -> dict:
+    """The task's loss of the model's predictions on `batch`, for tasks without GD or least squares."""
+    model.eval()
+    param = next(model.parameters())
+    with torch.no_grad():
+        pred = model.predict(batch.tokens.to(param))
+    return {"test_loss": task.loss(pred, batch.targets.to(pred)).item(), "n_tasks": int(batch.tokens.shape[0])}
 
 
 def gd_reference(entry, task, construction: dict | None = None, validation_batch=None,
                  recorded: dict | None = None) -> dict:
     """The GD an entry is scored against: as many steps as its construction took (GD-SSM: one
     per layer, with its ridge), at the η its construction used, else the η recorded in its
-    metrics, else the analytic one-step η* (one step) or a line search on the validation split."""
-
-    if isinstance(task, LSATeacherTask):
+    metrics, else the analytic one-step η* (one step) or a line search on the validation split.
+    Empty on a task without a GD reference."""
+    if not task.has_gd_reference:
         return {}
     construction, recorded = construction or {}, recorded or {}
     family_steps, ridge = FAMILY_OF_TYPE[entry.arch.type].gd_reference(entry.arch)
@@ -119,30 +127,6 @@ def gd_reference(entry, task, construction: dict | None = None, validation_batch
     if eta is None and steps > 1 and validation_batch is not None:
         eta = resolve_eta("line_search", task, steps, validation_batch, ridge=ridge)
     return {"eta": eta, "gd_steps": steps, "ridge": ridge}
-
-
-def has_polynomial_map(model) -> bool:
-    if isinstance(model, LinearSelfAttention):
-        return len(model.layers) == 1 and model.loops == 1
-    return hasattr(model, "instantaneous")
-
-
-def evaluate_teacher_student(model, task: LSATeacherTask, batch) -> dict:
-    """Loss, and how the student's instantaneous polynomial matches the teacher's (Table 1)."""
-    model.eval()
-    param = next(model.parameters())
-    with torch.no_grad():
-        pred = model.predict(batch.tokens.to(param))
-    metrics = {"test_loss": task.loss(pred, batch.targets.to(pred)).item(), "n_tasks": int(batch.tokens.shape[0])}
-    if has_polynomial_map(model):
-        student, _ = coefficients(prediction_map(model), task.d)
-        teacher, _ = coefficients(prediction_map(teacher_lsa(task)), task.d)
-        metrics["polynomial_distance"] = polynomial_distance(student, teacher)
-    if isinstance(model, GatedLinearRNN) and model.recurrence == "diagonal":
-        metrics.update(kv_q_scores(model, task.teacher_weights()))
-        metrics["imperfect_memory_effect"] = imperfect_memory_effect(model, batch.tokens[:512])
-    metrics.update(memory_metrics(model))
-    return metrics
 
 
 def evaluate_regression(model, task: LinearRegressionTask, batch: TaskBatch, *, eta: float | None = None,
@@ -245,7 +229,7 @@ def gd_rate_curve(model, task: LinearRegressionTask, batch: TaskBatch, etas: lis
     are nearest the model's (the prediction L2 is quadratic in η, so exact), `loss_eta`, the η with
     the lowest GD loss on these tasks (the blogpost's closed form), and the analytic η*. Always one
     GD step: the figure is about a one-layer model's rate."""
-    if not isinstance(task, LinearRegressionTask):
+    if not task.has_gd_reference:
         raise ValueError("GD-rate curves are defined for in-context regression tasks, not a teacher-student task")
     model.eval()
     param = next(model.parameters())
@@ -288,9 +272,7 @@ def input_scale_curve(model, task: LinearRegressionTask, scales: list[float], *,
     """Loss of the model and of GD (at the training distribution's η) on inputs x ~ U(−α, α)
     for each α in `scales` (Sushma, Tian et al. Figs. 1D/2D: out-of-distribution input scales).
     Tasks are sampled from `seed`, the same ones for every model."""
-    import dataclasses
-
-    if not isinstance(task, LinearRegressionTask):
+    if not task.has_gd_reference:
         raise ValueError("input-scale curves are defined for in-context regression tasks")
     eta = task.analytic_eta() if eta is None else eta
     param = next(model.parameters())
@@ -305,48 +287,9 @@ def input_scale_curve(model, task: LinearRegressionTask, scales: list[float], *,
     return rows
 
 
-def loop_curve(model, task: LinearRegressionTask, batch: TaskBatch, loops: list[int], dampings: list[float], *,
-               eta: float | None = None, zero_x_updates: bool = False) -> list[dict]:
-    """The blogpost's Figure 13: a one-layer LSA applied K times, e ← e + λ·layer(e), against K
-    steps of GD at rate λη* (what K loops of θ_GD compute exactly).
-
-    Looping uses context attention (every token attends to the context tokens, the query to
-    none of itself): for one application it gives the query the same prediction as the causal
-    modes, and under it K layers of θ_GD are K steps of GD (von Oswald et al.). Without
-    dampening the trained layer's η ≈ η* is too large to iterate and the loss grows with K.
-
-    `zero_x_updates`: first zero the rows of W_P that write the tokens' x-part. One application
-    never reads them (the read-out takes the query's y-part), so training leaves them at whatever
-    they drifted to; θ_GD has them zero. Looped, they corrupt the inputs and the loss explodes
-    whatever λ; zeroed, the trained layer iterates like GD."""
-    import copy
-
-    if not (isinstance(model, LinearSelfAttention) and len(model.layers) == 1 and model.loops == 1) or task.layout != "pairs":
-        raise ValueError("loop curves take a one-layer, unlooped LSA on (x, y) pairs (e.g. lsa-d10-c10 or lsa-gd-d10-c10)")
-    eta = task.analytic_eta() if eta is None else eta
-    param = next(model.parameters())
-    if zero_x_updates:
-        model = copy.deepcopy(model)
-        with torch.no_grad():
-            model.layers[0].w_p[: task.d_x] = 0
-    rows = []
-    for damping in dampings:
-        for k in loops:
-            looped = copy.deepcopy(model)
-            looped.loops, looped.damping, looped.attention = k, model.damping * damping, "context"
-            with torch.no_grad():
-                pred = looped.predict(batch.tokens.to(param)).double()
-            rows.append({"loops": k, "damping": damping, "test_loss": task.loss(pred, batch.targets).item(),
-                         "gd_loss": task.loss(gd_predict(batch, damping * eta, k), batch.targets).item()})
-    return rows
-
-
 def rescore(ckpt, split=None) -> dict:
     """Score a checkpoint on its frozen test split (hash-verified; or `split`) exactly as the build
     scored it: the same reference GD, so `test_loss` reproduces the card's number."""
-    from zoo.science.registry import get_task_spec
-    from zoo.science.tasks.frozen import load_split
-
     task = ckpt.task
     split = split if split is not None else load_split(ckpt.entry.task, "test", spec=get_task_spec(ckpt.entry.task))
     reference = gd_reference(ckpt.entry, task, ckpt.construction, recorded=ckpt.metrics)

@@ -27,11 +27,10 @@ from pydantic import (
     model_validator,
 )
 
-from zoo.science.models import CONSTRUCTIONS, FAMILIES, construction_problem
+from zoo.science.models import CONSTRUCTIONS, FAMILIES, construction_problem, recipe_problem
 from zoo.science.paths import safe_name
 from zoo.science.schema import Strict
-from zoo.science.tasks.regression import LinearRegressionTask
-from zoo.science.tasks.teacher import LSATeacherTask
+from zoo.science.tasks import TASK_KINDS
 
 ENTRIES_DIR = Path(__file__).parent / "entries"
 KEBAB = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
@@ -81,16 +80,12 @@ def task_spec(task_class: type, kind: str, name: str) -> type[_TaskEntry]:
     return spec
 
 
-LinearRegressionSpec = task_spec(LinearRegressionTask, "linear_regression", "LinearRegressionSpec")
+# One schema per task kind found in zoo/science/tasks/ (a new kind is its own file there).
+TASK_SPECS: dict[str, type[_TaskEntry]] = {
+    kind: task_spec(cls, kind, f"{cls.__name__}Spec") for kind, cls in TASK_KINDS.items()
+}
 
-
-class LSATeacherSpec(task_spec(LSATeacherTask, "lsa_teacher", "LSATeacherParameters")):
-    @property
-    def n_context(self) -> int:
-        return self.seq_len - 1
-
-
-TaskSpec = Annotated[Union[LinearRegressionSpec, LSATeacherSpec], Field(discriminator="kind")]
+TaskSpec = Annotated[Union[tuple(TASK_SPECS.values())], Field(discriminator="kind")]
 
 
 # ---------------------------------------------------------------------------- architectures
@@ -306,7 +301,6 @@ class Entry(Strict):
 
 
 TASK_ADAPTER = TypeAdapter(TaskSpec)
-TASK_KINDS = {"linear_regression", "lsa_teacher"}
 ARCH_TAGS = {tag for model in get_args(get_args(Arch)[0]) for tag in get_args(model.model_fields["type"].annotation)}
 SOURCE_TAGS = {"trained", "constructed"}  # `kind`; a constructed source's second tag is its construction's name
 
@@ -503,6 +497,10 @@ def load_registry(directory: Path = ENTRIES_DIR) -> Registry:
             problem = construction_problem(entry.arch, tasks[entry.task], initial_construction(entry).source)
             if problem:
                 errors.append(f"{entry.file}: entry '{entry.name}': field 'source.init': {problem}")
+        if entry.task in tasks and entry.source.kind == "trained":
+            problem = recipe_problem(entry.arch, tasks[entry.task], entry.source)
+            if problem:
+                errors.append(f"{entry.file}: entry '{entry.name}': {problem}")
     if errors:
         raise RegistryError("invalid zoo registry:\n" + "\n".join(errors))
     return Registry(tasks, entries, papers)
@@ -589,10 +587,10 @@ def with_overrides(entry: Entry, overrides: dict[str, object]) -> Entry:
         new = Entry.model_validate(data)
     except ValidationError as e:
         raise RegistryError(_format_errors(Path(entry.file), "entry", entry.name, e)) from None
-    if new.source.kind == "constructed":
-        problem = construction_problem(new.arch, default_registry().task(new.task), new.source)
-        if problem:
-            raise RegistryError(f"{entry.file}: entry '{entry.name}' with {overrides}: {problem}")
+    check = construction_problem if new.source.kind == "constructed" else recipe_problem
+    problem = check(new.arch, default_registry().task(new.task), new.source)
+    if problem:
+        raise RegistryError(f"{entry.file}: entry '{entry.name}' with {overrides}: {problem}")
     return new
 
 

@@ -140,9 +140,7 @@ def compare(model: GDSSM, construction: GDSSM, active: tuple[torch.Tensor, torch
 def compare_with_construction(model: GDSSM, task, eta: float | None = None) -> dict:
     """`compare` against the construction of the same shape on `task` (one GD step at `eta`,
     default the analytic η*); the caller's model is left as it is."""
-    from zoo.science.tasks.regression import LinearRegressionTask
-
-    if not isinstance(model, GDSSM) or not isinstance(task, LinearRegressionTask):
+    if not isinstance(model, GDSSM) or not task.has_gd_reference:
         raise ValueError(f"weights against the construction: defined for a GD-SSM on in-context regression, "
                          f"not a {type(model).__name__} on {type(task).__name__}")
     reference = copy.deepcopy(model).double()

@@ -55,7 +55,26 @@ def construction_problem(arch, task_spec, source) -> str | None:
     return rule.problem(arch, task_spec, source)
 
 
+def recipe_problem(arch, task_spec, recipe) -> str | None:
+    """Why a train recipe asks for what the model of `arch` cannot honour (None when it can): a `recurrent_lr`
+    for a model without recurrent parameters (`ZooModel.recurrent_parameter_names`), or `freeze` prefixes that
+    name none of its parameters."""
+    if recipe.recurrent_lr is None and not recipe.freeze:
+        return None
+    model = create_model(arch, task_spec.build())  # small (the largest entry has 170k parameters)
+    if recipe.recurrent_lr is not None and not model.recurrent_parameter_names():
+        return (f"field 'source.recurrent_lr': arch type '{arch.type}' has no recurrent parameters for it to apply "
+                "to (remove it)")
+    names = [name for name, _ in model.named_parameters()]
+    unknown = [f for f in recipe.freeze if not any(n == f or n.startswith(f + ".") for n in names)]
+    if unknown:
+        prefixes = sorted({n.split(".")[0] for n in names})
+        return (f"field 'source.freeze': {', '.join(map(repr, unknown))} names no parameter of arch type "
+                f"'{arch.type}' (its parameters start with {', '.join(prefixes)})")
+    return None
+
+
 __all__ = [
     "CONSTRUCTIONS", "FAMILIES", "FAMILY_OF_TYPE", "GDSSM", "FastWeightRNN", "GatedLinearRNN", "LinearSelfAttention",
-    "NotRecurrentError", "SequenceStack", "SoftmaxTransformer", "ZooModel", "construction_problem", "create_model",
+    "NotRecurrentError", "SequenceStack", "SoftmaxTransformer", "ZooModel", "construction_problem", "create_model", "recipe_problem",
 ]

@@ -39,11 +39,45 @@ class NotRecurrentError(TypeError):
 
 
 class ZooModel(nn.Module):
-    recurrent: bool = True  # constant-size state: init_state / step work
-    dynamic_time: bool = True  # the sequence graph exports with a symbolic length (fused LSTM/GRU: no)
+    """The base of every family's model. Besides the interface above, it declares every optional hook a family
+    may override, with its meaning and its default; generic code (training, evaluation, export) calls these and
+    never probes for attributes or branches on a concrete family."""
+
+    # ---- capabilities (class attributes, or set per instance in __init__)
+    recurrent: bool = True  # constant-size state: init_state / step / forward_chunk work (False: softmax attention)
+    # `forward` and `forward_chunk` run the whole time axis as tensor ops (scans, matmuls), so a graph traced at
+    # one length is valid at every length up to `chunk_len`. False: a Python loop over T or a fused kernel fixes
+    # the traced length: the chunk graph is the step graph scanned over time, and the sequence graph takes only
+    # the task's length. The export checks the claim (export/onnx_export.py runs every graph at two lengths).
+    has_parallel_form: bool = True
     chunk_len: int = 1024  # the longest chunk the exported chunk graph takes (its scans' doublings)
     vmappable: bool = True  # torch.func.vmap runs it (ensembles); fused LSTM/GRU kernels have no batching rule
     compile_pays: bool = True  # a torch.compile'd training step is faster (not so around fused LSTM/GRU kernels)
+
+    # ---- training hooks
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names trained without weight decay (e.g. the recurrence's ν, as the papers exempt it)."""
+        return set()
+
+    def recurrent_parameter_names(self) -> set[str]:
+        """Parameter names a recipe's `recurrent_lr` applies to (the recurrence's own parameters). A family with
+        none returns the empty set, and the registry refuses a `recurrent_lr` for it."""
+        return set()
+
+    # ---- analysis hooks
+    def has_polynomial_map(self) -> bool:
+        """The query's prediction is an explicit polynomial of the context (`instantaneous`), e.g. one LSA layer:
+        evaluation then reports its coefficients (Zucchet Table 2) and its distance to a teacher's (Table 1)."""
+        return False
+
+    def instantaneous(self, x: torch.Tensor) -> torch.Tensor:
+        """The map whose polynomial coefficients the analysis reads (only where `has_polynomial_map()`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no instantaneous polynomial map")
+
+    def family_metrics(self, task, batch) -> dict:
+        """Metrics only this family has, measured on a frozen split (e.g. the gated RNN's memory leak, and its
+        key/value and query scores against a teacher's weights): merged into the generic evaluation."""
+        return {}
 
     def __init__(self, d_in: int, d_out: int, readout: Readout):
         super().__init__()
@@ -95,7 +129,7 @@ class RecurrentBlock(nn.Module):
     `state_shapes()`, `step(x (B, h), state)`, `forward_chunk(x (B, T, h), state | None)`."""
 
     recurrent = True  # has a constant-size state and `step`
-    dynamic_time = True  # `forward` exports with a symbolic sequence length
+    has_parallel_form = True  # `forward` exports with a symbolic sequence length
     chunk_len = 1024  # the longest chunk the exported chunk graph takes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ same parameters (PyTorch's gate order and biases), so streaming and batch agree 
            n = tanh(W_in x + b_in + r ⊙ (W_hn h + b_hn)) ;  h' = (1 − z) ⊙ n + z ⊙ h
 
 The fused kernels fix the sequence length when exported, so these models export their
-whole-sequence graph at the task's length (`dynamic_time = False`); the step graph streams
+whole-sequence graph at the task's length (`has_parallel_form = False`); the step graph streams
 any length. A bidirectional LSTM sees the future and has no constant-size state.
 
 A GRU layer that will be differentiated (grad enabled) or is vmapped runs `GRUSequence`, the same
@@ -29,7 +29,7 @@ from zoo.science.models.base import RecurrentBlock
 
 
 class LSTMBlock(RecurrentBlock):
-    dynamic_time = False
+    has_parallel_form = False
     vmappable = False  # torch's fused LSTM has no vmap batching rule: ensembles train its seeds one by one
     compile_pays = False  # torch.compile leaves the fused kernel as it is: compiled steps measured 0.9× eager
 
@@ -184,7 +184,7 @@ def gru_sequence(gru: GRULayer | nn.GRU, x: torch.Tensor, h0: torch.Tensor | Non
 
 
 class GRUBlock(RecurrentBlock):
-    dynamic_time = False
+    has_parallel_form = False
     # `GRUSequence` has a vmap rule, and ensembles of GRUs run (tests/test_train_speed_gru.py), but 8 members
     # measured 1.1× the fused kernel's plain step: one model at a time, as for the LSTM
     vmappable = False

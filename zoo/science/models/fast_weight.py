@@ -56,7 +56,7 @@ class FastWeightRNN(ZooModel):
             raise ValueError(f"update must be one of {UPDATES}, got {update!r}")
         self.d_x, self.d_y = d_x, d_y
         self.update, self.position_scale = update, position_scale
-        self.dynamic_time = update == "hebbian"  # the delta rule is a Python loop over T
+        self.has_parallel_form = update == "hebbian"  # the delta rule is a Python loop over T
         key_dim, value_dim = key_dim or d_x, value_dim or d_y
         self.u = nn.Parameter(torch.randn(key_dim, d_x) * (init_std or d_x**-0.5))
         self.v = nn.Parameter(torch.randn(value_dim, d_y) * (init_std or d_y**-0.5))

@@ -32,6 +32,7 @@ Glossary: d = d_x + d_y (token width); W_Q, W_K, W_V, W_P are `w_q, w_k, w_v, w_
 
 from __future__ import annotations
 
+import copy
 from typing import Literal
 
 import torch
@@ -40,7 +41,7 @@ from torch import nn
 
 from zoo.science.models.base import ConstructionRule, Family, GDRate, NotRecurrentError, WeightsFigure, ZooModel
 from zoo.science.schema import Strict
-from zoo.science.tasks.regression import Readout, resolve_eta
+from zoo.science.tasks.regression import LinearRegressionTask, Readout, TaskBatch, gd_predict, resolve_eta
 
 ATTENTION_MODES = ("causal", "strict_causal", "context")
 
@@ -165,6 +166,9 @@ class LinearSelfAttention(ZooModel):
         read = (scores.unsqueeze(1) @ e).squeeze(1) @ last.w_v.T  # Σ_s (k_s·q) v_s  (B, d)
         update = self.damping * (read @ last.w_p.T)
         return self.readout.channels(self._out(e_q + update if self.residual else update))  # (B, d_y)
+
+    def has_polynomial_map(self) -> bool:
+        return len(self.layers) == 1 and self.loops == 1
 
     def instantaneous(self, x: torch.Tensor) -> torch.Tensor:
         """The layer's polynomial kernel W_P (W_V x)(W_K x)ᵀ(W_Q x) for single tokens x (…, d)."""
@@ -324,6 +328,40 @@ def _apply_gd(model: LinearSelfAttention, task, source, validation_batch=None) -
     eta = resolve_eta(source.eta, task, n_steps, validation_batch)
     construct_gd_lsa(model, task.d_x, eta / model.damping)
     return {"eta": eta, "gd_steps": n_steps}
+
+
+def loop_curve(model, task: LinearRegressionTask, batch: TaskBatch, loops: list[int], dampings: list[float], *,
+               eta: float | None = None, zero_x_updates: bool = False) -> list[dict]:
+    """The blogpost's Figure 13: a one-layer LSA applied K times, e ← e + λ·layer(e), against K
+    steps of GD at rate λη* (what K loops of θ_GD compute exactly).
+
+    Looping uses context attention (every token attends to the context tokens, the query to
+    none of itself): for one application it gives the query the same prediction as the causal
+    modes, and under it K layers of θ_GD are K steps of GD (von Oswald et al.). Without
+    dampening the trained layer's η ≈ η* is too large to iterate and the loss grows with K.
+
+    `zero_x_updates`: first zero the rows of W_P that write the tokens' x-part. One application
+    never reads them (the read-out takes the query's y-part), so training leaves them at whatever
+    they drifted to; θ_GD has them zero. Looped, they corrupt the inputs and the loss explodes
+    whatever λ; zeroed, the trained layer iterates like GD."""
+    if not (isinstance(model, LinearSelfAttention) and model.has_polynomial_map()) or task.layout != "pairs":
+        raise ValueError("loop curves take a one-layer, unlooped LSA on (x, y) pairs (e.g. lsa-d10-c10 or lsa-gd-d10-c10)")
+    eta = task.analytic_eta() if eta is None else eta
+    param = next(model.parameters())
+    if zero_x_updates:
+        model = copy.deepcopy(model)
+        with torch.no_grad():
+            model.layers[0].w_p[: task.d_x] = 0
+    rows = []
+    for damping in dampings:
+        for k in loops:
+            looped = copy.deepcopy(model)
+            looped.loops, looped.damping, looped.attention = k, model.damping * damping, "context"
+            with torch.no_grad():
+                pred = looped.predict(batch.tokens.to(param)).double()
+            rows.append({"loops": k, "damping": damping, "test_loss": task.loss(pred, batch.targets).item(),
+                         "gd_loss": task.loss(gd_predict(batch, damping * eta, k), batch.targets).item()})
+    return rows
 
 
 FAMILY = Family(

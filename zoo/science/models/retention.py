@@ -128,6 +128,9 @@ class Retention(ZooModel):
         o = (weight.unsqueeze(-1) * v).sum(1)  # (B, H, d_h)
         return self.readout.channels(self._out(o, e[:, -1]))  # (B, d_y)
 
+    def has_polynomial_map(self) -> bool:
+        return True
+
     def instantaneous(self, x: torch.Tensor) -> torch.Tensor:
         """W_O [(W_V^h x)(W_K^h x)ᵀ(W_Q^h x)]_h for single tokens x (…, d): the layer's degree-3 kernel
         (γ does not enter: one token from the zero state)."""

@@ -42,7 +42,7 @@ class SequenceStack(ZooModel):
         self.head = nn.Linear(width, d_out)
         self.residual = residual
         self.recurrent = all(block.recurrent for block in blocks)
-        self.dynamic_time = all(block.dynamic_time for block in blocks)
+        self.has_parallel_form = all(block.has_parallel_form for block in blocks)
         self.chunk_len = min(block.chunk_len for block in blocks)
         self.vmappable = all(getattr(block, "vmappable", True) for block in blocks)
         self.compile_pays = all(getattr(block, "compile_pays", True) for block in blocks)

@@ -43,11 +43,13 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Annotated, Callable, Literal, get_args
+from typing import Annotated, Callable, ClassVar, Literal, get_args
 
 import numpy as np
 import torch
 from annotated_types import Gt
+
+from zoo.science.tasks.base import Task
 
 
 @dataclass(frozen=True)
@@ -108,9 +110,12 @@ PositiveFloat = Annotated[float, Gt(0)]
 
 
 @dataclass(frozen=True)
-class LinearRegressionTask:
+class LinearRegressionTask(Task):
     """The task's parameters, declared once: a registry `[tasks.NAME]` of kind "linear_regression" holds
     exactly these fields (zoo.science.registry derives its schema, constraints included, from this class)."""
+
+    kind: ClassVar[str] = "linear_regression"
+    has_gd_reference: ClassVar[bool] = True
 
     d_x: Positive  # input dimension (D)
     d_y: Positive = 1  # output dimension
@@ -176,6 +181,14 @@ class LinearRegressionTask:
     def every_position(self) -> bool:
         """The model predicts y_{t+1} at every position t (the "triples" layout), not only the query."""
         return self.layout == "triples"
+
+    @property
+    def predicts_every_position(self) -> bool:
+        return self.every_position
+
+    @property
+    def prediction_dim(self) -> int:
+        return self.d_y
 
     @property
     def readout(self) -> Readout:

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
+from zoo.science.tasks.base import Task
 from zoo.science.tasks.regression import Positive, PositiveFloat, Readout
 
 
@@ -34,9 +36,11 @@ class SequenceBatch:
 
 
 @dataclass(frozen=True)
-class LSATeacherTask:
+class LSATeacherTask(Task):
     """The task's parameters, declared once: a registry `[tasks.NAME]` of kind "lsa_teacher" holds exactly
     these fields (zoo.science.registry derives its schema from this class)."""
+
+    kind: ClassVar[str] = "lsa_teacher"
 
     d: Positive  # token and output dimension
     seq_len: Positive = 32  # sequence length (every position is a target)
@@ -59,6 +63,14 @@ class LSATeacherTask:
     @property
     def readout(self) -> Readout:
         return Readout(position=None, start=0, stop=self.d, sign=1.0)
+
+    @property
+    def predicts_every_position(self) -> bool:
+        return True
+
+    @property
+    def prediction_dim(self) -> int:
+        return self.d
 
     @property
     def token_layout(self) -> dict:
