@@ -28,10 +28,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from zoo.running.executor import Backend, Job, run_jobs
 from zoo.science.metrics import METRICS
-
-if TYPE_CHECKING:
-    from zoo.science.registry import Entry
+from zoo.science.registry import Entry, get_entry, with_overrides
 
 RESULT_COLUMNS = tuple(m.key for m in METRICS if m.in_sweeps)
 
@@ -59,11 +58,21 @@ class Run:
     # the entry with its overrides, validated once by `expand`: building the run uses it as it is
     config: Entry = field(compare=False, repr=False)
 
+    def __reduce__(self):
+        """Pickled (to a worker process or a Ray task) as its entry, seed and overrides; the receiving process
+        validates the config again (its pydantic schemas are built at import, and are not picklable)."""
+        return (_run, (self.entry, self.seed, self.overrides))
+
     @property
     def name(self) -> str:
         parts = [self.entry] + ([f"seed{self.seed}"] if self.seed is not None else [])
         parts += [f"{k.split('.')[-1]}={v}" for k, v in self.overrides.items()]
         return "--".join(parts)
+
+
+def _run(entry: str, seed: int | None, overrides: dict[str, Any]) -> Run:
+    base = get_entry(entry)
+    return Run(entry, seed, overrides, with_overrides(base, overrides) if overrides else base)
 
 
 def load_spec(path: str | Path) -> SweepSpec:
@@ -77,8 +86,6 @@ def load_spec(path: str | Path) -> SweepSpec:
 def expand(spec: SweepSpec) -> list[Run]:
     """The runs of a spec, validated against the registry before anything trains (the only time
     a run's entry is validated: each run carries the result)."""
-    from zoo.science.registry import get_entry, with_overrides
-
     keys = list(spec.grid)
     runs = []
     for name in spec.entries:
@@ -181,27 +188,35 @@ def groups_of(runs: list[Run], ensemble: bool) -> list[list[Run]]:
 
 
 def run_sweep(spec: SweepSpec, out: str | Path | None = None, backend: Literal["local", "ray"] = "local",
-              address: str | None = None, gpus_per_run: float = 0.0, progress: bool = True) -> list[dict]:
+              address: str | None = None, gpus_per_run: float = 0.0, progress: bool = True, workers: int = 1) -> list[dict]:
+    """Run every group of the spec through the one executor (zoo.running.executor): in this process (`workers`
+    = 1: each training's step bar shows), in `workers` local processes, or as Ray tasks (`backend="ray"`,
+    `address`, `gpus_per_run`). A group's rows are printed as it finishes; results.json/.md hold them all, in
+    the spec's order."""
     out = Path(out or Path("runs") / spec.name)
     out.mkdir(parents=True, exist_ok=True)
     groups = groups_of(expand(spec), spec.ensemble)
-    if backend == "local":
-        from tqdm.auto import tqdm
-
-        bar = tqdm(groups, desc=spec.name, unit="group", disable=not progress)
-        rows = []
-        for g in bar:
-            bar.set_postfix_str(g[0].name if len(g) == 1 else f"{g[0].entry} ×{len(g)} seeds")
-            done = run_group(g, str(out), spec.steps, spec.device, compiled=spec.compiled,
-                             track_alignment=spec.track_alignment, progress=progress, graphs=spec.graphs)
-            rows += done
-            if progress:
-                for row in done:
-                    bar.write(run_line(row), file=sys.stderr)  # beside the bar; stdout keeps the results table
-    elif backend == "ray":
-        rows = _run_on_ray(groups, out, spec, address, gpus_per_run, progress=progress)
-    else:
-        raise ValueError(f"backend must be 'local' or 'ray', got {backend!r}")
+    executor = Backend(backend, workers=workers, address=address, gpus_per_job=gpus_per_run)
+    inline = executor.kind == "local" and executor.workers == 1
+    jobs = [Job(i, run_group, (g, str(out.resolve()), spec.steps, spec.device),
+                {"threads": None if inline else 1, "compiled": spec.compiled, "track_alignment": spec.track_alignment,
+                 "progress": progress and inline, "graphs": spec.graphs})
+            for i, g in enumerate(groups)]
+    results: list[list[dict]] = [[] for _ in groups]
+    failures = []
+    for i, rows in run_jobs(jobs, executor):
+        if isinstance(rows, BaseException):
+            failures.append(f"{groups[i][0].name}: {type(rows).__name__}: {rows}")
+            continue
+        results[i] = rows
+        if progress:  # beside the bars, on stderr; stdout keeps the results table
+            done = sum(1 for r in results if r)
+            for row in rows:
+                print(run_line(row) + f"  [{done}/{len(groups)} groups]", file=sys.stderr, flush=True)
+    if failures:
+        raise RuntimeError(f"{len(failures)} of {len(groups)} groups failed (the others are saved; re-run to retry): "
+                           + "; ".join(failures))
+    rows = [row for group in results for row in group]
     write_results(rows, out)
     return rows
 
@@ -215,34 +230,6 @@ def run_line(row: dict) -> str:
         parts.append(f"test loss {row['test_loss']:.5g}"
                      + (f" (GD {row['gd_loss']:.5g})" if isinstance(row.get("gd_loss"), float) else ""))
     return f"  {row['run']}: " + ", ".join(parts)
-
-
-def _run_on_ray(groups: list[list[Run]], out: Path, spec: SweepSpec, address: str | None, gpus_per_run: float,
-                progress: bool = False) -> list[dict]:
-    try:
-        import ray
-    except ImportError:
-        raise RuntimeError("the Ray backend needs Ray: pip install 'icl-zoo[ray]'") from None
-    started_here = not ray.is_initialized()
-    if started_here:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    try:
-        remote = ray.remote(num_cpus=1, num_gpus=gpus_per_run)(run_group)
-        pending = {remote.remote(g, str(out.resolve()), spec.steps, spec.device, 1, spec.compiled,
-                                 spec.track_alignment, graphs=spec.graphs): i for i, g in enumerate(groups)}
-        results: list[list[dict]] = [[] for _ in groups]
-        while pending:  # each group's runs printed as they finish, in whatever order the cluster ends them
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            for ref in ready:
-                results[pending.pop(ref)] = rows = ray.get(ref)
-                if progress:
-                    for row in rows:
-                        print(run_line(row) + f"  [{len(groups) - len(pending)}/{len(groups)} groups]", file=sys.stderr,
-                              flush=True)
-        return [row for rows in results for row in rows]
-    finally:
-        if started_here:
-            ray.shutdown()
 
 
 def write_results(rows: list[dict], out: Path) -> None:
