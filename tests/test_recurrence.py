@@ -29,7 +29,8 @@ STREAM_LEN = 1000
 VARIANTS = [
     ("lsa-d10-c10", {"arch.attention": "causal", "arch.n_layers": 3, "arch.damping": 0.8, "arch.init_std": 0.3}),
     ("lsa-d10-c10", {"arch.loops": 3, "arch.damping": 0.8, "arch.init_std": 0.3}),
-    ("gated-rnn-zucchet-icl", {"arch.recurrence": "dense", "arch.hidden": 12, "arch.gates": 9}),
+    ("gated-rnn-zucchet-icl", {"arch.recurrence": "dense", "arch.hidden": 12, "arch.gates": 9,
+                              "source.recurrent_lr": None}),  # a dense recurrence has no ν for it (the registry refuses it)
     ("gd-ssm-nd", {"arch.window": 4, "arch.n_layers": 3, "arch.value_dim": 4, "arch.ridge": 0.3, "arch.lambda_range": [0.5, 0.99]}),
     ("gd-ssm-nd", {"arch.n_layers": 2, "arch.embed": 5, "arch.mlp": 7, "arch.zero_output": True}),
     ("mamba-1d", {"arch.n_layers": 2, "arch.state_size": 4, "arch.width": 8}),
