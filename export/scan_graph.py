@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import onnx
+from onnx import TensorProto, helper, numpy_helper
 
 
 def scan_step_graph(step: onnx.ModelProto) -> onnx.ModelProto:
@@ -21,8 +23,6 @@ def scan_step_graph(step: onnx.ModelProto) -> onnx.ModelProto:
     token). Exact for any T by construction: the same operators, in the same order, as the step
     graph. (The exported file's metadata is set by `export_chunk`; a runtime given only a step
     graph builds this in memory.)"""
-    from onnx import helper
-
     g = step.graph
     layout = json.loads({p.key: p.value for p in step.metadata_props}["icl_zoo.state_layout"])
     # The body's interface is renamed (step.*): a subgraph may not reuse the outer graph's names.
@@ -49,19 +49,23 @@ def scan_step_graph(step: onnx.ModelProto) -> onnx.ModelProto:
         "Scan", inputs=[s["input"] for s in layout] + ["tokens"], outputs=[s["output"] for s in layout] + ["out"],
         num_scan_inputs=1, body=body, scan_input_axes=[1], scan_output_axes=[1])
 
-    def value_info(name, like, timed=False):
-        t = like.type.tensor_type
-        dims = [d.dim_param or d.dim_value for d in t.shape.dim]
-        return helper.make_tensor_value_info(name, t.elem_type, [dims[0], "time", *dims[1:]] if timed else dims)
-
     outer = helper.make_graph(
         [scan], "chunk",
-        inputs=[value_info("tokens", inputs["token"], True)] + [value_info(s["input"], inputs[s["input"]]) for s in layout],
-        outputs=[value_info("out", outputs["out"], True)] + [value_info(s["output"], outputs[s["output"]]) for s in layout])
+        inputs=[_chunk_value_info("tokens", inputs["token"], True)]
+        + [_chunk_value_info(s["input"], inputs[s["input"]]) for s in layout],
+        outputs=[_chunk_value_info("out", outputs["out"], True)]
+        + [_chunk_value_info(s["output"], outputs[s["output"]]) for s in layout])
     model = helper.make_model(outer, opset_imports=list(step.opset_import), functions=list(step.functions),
                               ir_version=step.ir_version)
     onnx.checker.check_model(model)
     return model
+
+
+def _chunk_value_info(name: str, like: onnx.ValueInfoProto, timed: bool = False) -> onnx.ValueInfoProto:
+    """`like`'s type under `name`; `timed`: with a "time" axis after the batch axis (a chunk's tokens, outputs)."""
+    t = like.type.tensor_type
+    dims = [d.dim_param or d.dim_value for d in t.shape.dim]
+    return helper.make_tensor_value_info(name, t.elem_type, [dims[0], "time", *dims[1:]] if timed else dims)
 
 
 # ---------------------------------------------------------------- hoisted chunk graph (many streams)
@@ -131,9 +135,6 @@ def _linear_core(core, layout, initializers):
         a = [i for i in mul.input if i != s["input"]]
         if len(u) != 1 or len(a) != 1 or a[0] not in initializers or u[0] in by_out:
             return None
-        import numpy as np
-        from onnx import numpy_helper
-
         decay = numpy_helper.to_array(initializers[a[0]]).astype(np.float64)
         n = s["shape"][1]
         if decay.size not in (1, n) or decay.ndim > 2 or (decay.ndim == 2 and decay.shape[0] != 1):
@@ -154,9 +155,6 @@ def _sparse_matmuls(nodes, initializers, prefix):
     inputs: the dense dot product adds only exact zeros to that one product (x·0 = 0); a non-finite
     input would spread NaN through the zeros of the dense product and not through the Gather, which
     is why the runtime sends non-finite tokens to the scanned step graph instead."""
-    import numpy as np
-    from onnx import helper, numpy_helper
-
     out, extra = [], []
     for node in nodes:
         w = initializers.get(node.input[1]) if node.op_type == "MatMul" else None
@@ -208,9 +206,6 @@ def hoisted_step_graph(step: onnx.ModelProto, *, linear: bool = True, block: int
     token adds a^(t+1) ⊙ (state entering its block): block + T/block scan steps per run instead of T.
     `sparse`: constant matrices with at most one nonzero per column are applied as Gather + Mul
     (_sparse_matmuls). None when the step graph does not split (see _split)."""
-    import numpy as np
-    from onnx import TensorProto, helper, numpy_helper
-
     parts = _split(step)
     if parts is None:
         return None
@@ -225,198 +220,269 @@ def hoisted_step_graph(step: onnx.ModelProto, *, linear: bool = True, block: int
         return None
     frontier = sorted({i for n in core for i in n.input if i in tokenful and i not in produced_core})
     carried = sorted({i for n in post for i in n.input if i in produced_core})
-    extra = []
+    graph = _Hoisted()
     if sparse:
         pre, more = _sparse_matmuls(pre, inits, "pre")
         post, more2 = _sparse_matmuls(post, inits, "post")
-        extra += more + more2
+        graph.extra += more + more2
+    for name, value in (("zero", [0]), ("one", [1]), ("two", [2]), ("minus1", [-1]), ("flat_in", [-1, d_in])):
+        graph.const(f"hoist.{name}", value)
+    lin = _linear_core(core, layout, inits) if linear else None
+    if lin is not None and set(carried) <= {s["output"] for s in layout} and len(layout) == 1:
+        _blocked_linear_scan(graph, layout[0], lin, pre, core, post, d_in=d_in, d_out=d_out, block=block,
+                             decay_groups=decay_groups)
+    else:
+        _scanned_core(graph, layout, pre, core, post, frontier, carried)
+    return _hoisted_model(step, graph, layout)
 
-    def const(name, value, dtype=np.int64):
-        extra.append(numpy_helper.from_array(np.asarray(value, dtype), name))
+
+class _Hoisted:
+    """The hoisted chunk graph being assembled: its nodes, in order, and the initialisers it adds."""
+
+    def __init__(self):
+        self.nodes: list[onnx.NodeProto] = []
+        self.extra: list[onnx.TensorProto] = []
+
+    def const(self, name: str, value, dtype=np.int64) -> str:
+        self.extra.append(numpy_helper.from_array(np.asarray(value, dtype), name))
         return name
 
-    for name, value in (("zero", [0]), ("one", [1]), ("two", [2]), ("minus1", [-1]), ("flat_in", [-1, d_in])):
-        const(f"hoist.{name}", value)
-    nodes = []
-    lin = _linear_core(core, layout, inits) if linear else None
-    state_out = {s["output"] for s in layout}
 
-    def scan(state_init, seq_inputs, body_core, rename, scanned_outs, axis, tag):
-        """A Scan over `axis` of `seq_inputs` running `body_core` with the states as loop variables;
-        scanned_outs: body values also returned at every step (an Identity each)."""
-        body = [_copy(n, rename) for n in body_core]
-        outs = []
-        for c in scanned_outs:
-            body.append(helper.make_node("Identity", [rename.get(c, c)], [f"{tag}.{c}.each"]))
-            outs.append(helper.make_tensor_value_info(f"{tag}.{c}.each", TensorProto.FLOAT, None))
-        vi = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
-        graph = helper.make_graph(
-            body, tag, inputs=[vi(rename[s["input"]]) for s in layout] + [vi(rename[f]) for f in seq_inputs],
-            outputs=[vi(rename[s["output"]]) for s in layout] + outs)
-        return graph
+def _scan_body(layout, seq_inputs, body_core, rename, scanned_outs, tag) -> onnx.GraphProto:
+    """The body of a Scan of `seq_inputs` running `body_core` with the states as loop variables;
+    scanned_outs: body values also returned at every step (an Identity each)."""
+    body = [_copy(n, rename) for n in body_core]
+    outs = []
+    for c in scanned_outs:
+        body.append(helper.make_node("Identity", [rename.get(c, c)], [f"{tag}.{c}.each"]))
+        outs.append(helper.make_tensor_value_info(f"{tag}.{c}.each", TensorProto.FLOAT, None))
+    vi = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+    return helper.make_graph(
+        body, tag, inputs=[vi(rename[s["input"]]) for s in layout] + [vi(rename[f]) for f in seq_inputs],
+        outputs=[vi(rename[s["output"]]) for s in layout] + outs)
 
-    if lin is not None and set(carried) <= state_out and len(layout) == 1:
-        s = layout[0]
-        decay, u = lin[s["input"]]
-        n, C = decay.size, block
-        p = "lin"
-        const(f"{p}.C", [C])
-        const(f"{p}.shape_blocks", [0, -1, C, d_in])
-        const(f"{p}.shape_u", [C, -1, n])
-        const(f"{p}.d_out", [d_out])
-        const(f"{p}.shape_final", [0, -1, d_out])
-        const(f"{p}.aC", (decay ** C).astype(np.float32), np.float32)
-        const(f"{p}.D", (decay[None, :] ** (np.arange(C)[:, None] + 1)).reshape(C, 1, 1, n), np.float32)
-        nodes += [
-            # pad T to whole blocks with zero tokens at the end (later tokens never reach earlier ones)
-            helper.make_node("Shape", ["tokens"], [f"{p}.T"], start=1, end=2),
-            helper.make_node("Shape", ["tokens"], [f"{p}.B"], start=0, end=1),
-            helper.make_node("Neg", [f"{p}.T"], [f"{p}.negT"]),
-            helper.make_node("Mod", [f"{p}.negT", f"{p}.C"], [f"{p}.pad"]),  # (−T) mod C
-            helper.make_node("Concat", ["hoist.zero", "hoist.zero", "hoist.zero", "hoist.zero", f"{p}.pad", "hoist.zero"],
-                             [f"{p}.pads"], axis=0),
-            helper.make_node("Pad", ["tokens", f"{p}.pads"], [f"{p}.tp"]),  # (B, T', d_in)
-            helper.make_node("Reshape", [f"{p}.tp", f"{p}.shape_blocks"], [f"{p}.tb"]),  # (B, nb, C, d_in)
-            helper.make_node("Transpose", [f"{p}.tb"], [f"{p}.tt"], perm=[2, 0, 1, 3]),  # (C, B, nb, d_in): time-major
-            helper.make_node("Reshape", [f"{p}.tt", "hoist.flat_in"], ["hoist.token"]),  # (C·B·nb, d_in)
-        ]
-        nodes += [_copy(x, {"token": "hoist.token"}) for x in pre]
-        const(f"{p}.zshape_tail", [n])
-        nodes.append(helper.make_node("Reshape", [u, f"{p}.shape_u"], [f"{p}.u"]))  # (C, B·nb, n)
-        values = [v for v in np.unique(decay) if v != 0]
-        gemm = len(values) <= (MAX_DECAY_GROUPS if decay_groups is None else decay_groups)
-        if not gemm:
-            nodes += [
-                helper.make_node("Shape", [f"{p}.u"], [f"{p}.rows"], start=1, end=2),
-                helper.make_node("Concat", [f"{p}.rows", f"{p}.zshape_tail"], [f"{p}.zshape"], axis=0),
-                helper.make_node("ConstantOfShape", [f"{p}.zshape"], [f"{p}.zero_state"],
-                                 value=numpy_helper.from_array(np.zeros(1, np.float32))),
-            ]
-        if gemm:
-            # 1. within blocks, one gemm per distinct decay a over all channels: the end of each block
-            # from the zero state is Σ_s a^(C−1−s) u_s ((1 × C) @ (C × R·n)); channels take their own
-            # decay's result (Where); a decay of 0 leaves u itself
-            const(f"{p}.Cm1s", C - 1)
-            const(f"{p}.flat2", [C, -1])
-            const(f"{p}.row", [1, -1])
-            const(f"{p}.Rn", [-1, n])
-            nodes += [helper.make_node("Reshape", [f"{p}.u", f"{p}.flat2"], [f"{p}.Uf"]),  # (C, R·n)
-                      helper.make_node("Gather", [f"{p}.u", f"{p}.Cm1s"], [f"{p}.e0"], axis=0)]  # (R, n): decay 0
-            k = np.arange(C)
-            ends, Hs = f"{p}.e0", f"{p}.u"
-            for i, v in enumerate(values):
-                const(f"{p}.v{i}", (v ** (C - 1 - k))[None, :], np.float32)
-                Lp = np.zeros((C, C + 1))
-                Lp[:, 0] = v ** (k + 1)  # the state entering the block, carried to token t
-                Lp[:, 1:] = np.where(k[:, None] >= k[None, :], v ** np.maximum(k[:, None] - k[None, :], 0), 0.0)
-                const(f"{p}.Lp{i}", Lp, np.float32)
-                const(f"{p}.m{i}", decay == v, np.bool_)
-                const(f"{p}.mf{i}", decay == v, np.float32)
-                const(f"{p}.nf{i}", decay != v, np.float32)
-                nodes += [helper.make_node("MatMul", [f"{p}.v{i}", f"{p}.Uf"], [f"{p}.e{i}f"]),
-                          helper.make_node("Reshape", [f"{p}.e{i}f", f"{p}.Rn"], [f"{p}.e{i}r"]),
-                          helper.make_node("Where", [f"{p}.m{i}", f"{p}.e{i}r", ends], [f"{p}.ends{i}"])]
-                ends = f"{p}.ends{i}"
-            nodes.append(helper.make_node("Identity", [ends], [f"{p}.ends"]))
-        else:
-            # 1. within blocks, every block from the zero state at once: the step's own update, C steps
-            rename = {s["input"]: "in.h", s["output"]: "in.h_out", u: "in.u"}
-            body = scan(None, [u], core, rename, [s["output"]], 0, "in")
-            nodes.append(helper.make_node("Scan", [f"{p}.zero_state", f"{p}.u"], [f"{p}.ends", f"{p}.Hl"],
-                                          num_scan_inputs=1, body=body, scan_input_axes=[0], scan_output_axes=[0]))
-        # 2. across blocks: h ← a^C ⊙ h + end of block, one step per block from the carried state
-        nodes += [helper.make_node("Concat", [f"{p}.B", "hoist.minus1", f"{p}.zshape_tail"], [f"{p}.shape_ends2"], axis=0),
-                  helper.make_node("Reshape", [f"{p}.ends", f"{p}.shape_ends2"], [f"{p}.E"])]  # (B, nb, n)
-        vi = lambda nm: helper.make_tensor_value_info(nm, TensorProto.FLOAT, None)
-        across = helper.make_graph(
-            [helper.make_node("Mul", [f"{p}.aC", "x.h"], ["x.ah"]),
-             helper.make_node("Add", ["x.ah", "x.end"], ["x.h_out"]),
-             helper.make_node("Identity", ["x.h"], ["x.entering"])],
-            "across", inputs=[vi("x.h"), vi("x.end")], outputs=[vi("x.h_out"), vi("x.entering")])
-        nodes.append(helper.make_node("Scan", [s["input"], f"{p}.E"], [f"{p}.after", f"{p}.P"], num_scan_inputs=1,
-                                      body=across, scan_input_axes=[1], scan_output_axes=[1]))  # P (B, nb, n)
-        # 3. each token: its in-block value + a^(t+1) ⊙ the state entering its block
-        nodes.append(helper.make_node("Concat", [f"{p}.C", f"{p}.B", "hoist.minus1", f"{p}.zshape_tail"],
-                                      [f"{p}.shape_hl2"], axis=0))
-        if gemm:  # [state entering the block; u] @ (C × (C+1)) per decay: the carry and the block in one gemm
-            nodes += [helper.make_node("Reshape", [f"{p}.P", f"{p}.row"], [f"{p}.Pf"]),  # (1, R·n)
-                      helper.make_node("Concat", [f"{p}.Pf", f"{p}.Uf"], [f"{p}.X"], axis=0)]  # (C+1, R·n)
-            for i, _ in enumerate(values):
-                nodes += [helper.make_node("MatMul", [f"{p}.Lp{i}", f"{p}.X"], [f"{p}.H{i}f"]),
-                          helper.make_node("Reshape", [f"{p}.H{i}f", f"{p}.shape_u"], [f"{p}.H{i}"]),  # (C, R, n)
-                          # H·m + Hs·(1 − m), m ∈ {0, 1} per channel: exact for finite values, and
-                          # several times faster than a broadcast Where in ONNX Runtime
-                          helper.make_node("Mul", [f"{p}.H{i}", f"{p}.mf{i}"], [f"{p}.Hm{i}"]),
-                          helper.make_node("Mul", [Hs, f"{p}.nf{i}"], [f"{p}.Hn{i}"]),
-                          helper.make_node("Add", [f"{p}.Hm{i}", f"{p}.Hn{i}"], [f"{p}.Hs{i}"])]
-                Hs = f"{p}.Hs{i}"
-            nodes.append(helper.make_node("Reshape", [Hs, f"{p}.shape_hl2"], [f"{p}.H"]))  # (C, B, nb, n)
-        else:
-            nodes += [
-                helper.make_node("Reshape", [f"{p}.Hl", f"{p}.shape_hl2"], [f"{p}.Hl4"]),  # (C, B, nb, n)
-                helper.make_node("Mul", [f"{p}.D", f"{p}.P"], [f"{p}.carry"]),  # (C,1,1,n)·(B,nb,n) → (C, B, nb, n)
-                helper.make_node("Add", [f"{p}.Hl4", f"{p}.carry"], [f"{p}.H"]),
-            ]
-        nodes += [
-            # the state after token T − 1 (block (T−1) div C, position (T−1) mod C)
-            helper.make_node("Sub", [f"{p}.T", "hoist.one"], [f"{p}.last"]),
-            helper.make_node("Mod", [f"{p}.last", f"{p}.C"], [f"{p}.last_t"]),
-            helper.make_node("Div", [f"{p}.last", f"{p}.C"], [f"{p}.last_b"]),
-            helper.make_node("Squeeze", [f"{p}.last_t"], [f"{p}.last_t0"]),
-            helper.make_node("Squeeze", [f"{p}.last_b"], [f"{p}.last_b0"]),
-            helper.make_node("Gather", [f"{p}.H", f"{p}.last_t0"], [f"{p}.Hlast"], axis=0),  # (B, nb, n)
-            helper.make_node("Gather", [f"{p}.Hlast", f"{p}.last_b0"], [s["output"]], axis=1),  # (B, n)
-            helper.make_node("Concat", ["hoist.minus1", f"{p}.zshape_tail"], [f"{p}.shape_flat"], axis=0),
-            helper.make_node("Reshape", [f"{p}.H", f"{p}.shape_flat"], [f"{s['output']}.flatpost"]),  # (C·B·nb, n)
-        ]
-        nodes += [_copy(x, {"out": "hoist.out", s["output"]: f"{s['output']}.flatpost"}) for x in post]
-        nodes += [
-            helper.make_node("Concat", [f"{p}.C", f"{p}.B", "hoist.minus1", f"{p}.d_out"], [f"{p}.so"], axis=0),
-            helper.make_node("Reshape", ["hoist.out", f"{p}.so"], [f"{p}.o4"]),  # (C, B, nb, d_out)
-            helper.make_node("Transpose", [f"{p}.o4"], [f"{p}.ob"], perm=[1, 2, 0, 3]),  # (B, nb, C, d_out)
-            helper.make_node("Reshape", [f"{p}.ob", f"{p}.shape_final"], [f"{p}.op"]),  # (B, T', d_out)
-            helper.make_node("Slice", [f"{p}.op", "hoist.zero", f"{p}.T", "hoist.one"], ["out"]),
-        ]
+
+def _scanned_core(graph: _Hoisted, layout, pre, core, post, frontier, carried) -> None:
+    """The general hoisting: `pre` over all B·T tokens, one Scan over time of `core` fed the token-only
+    values it needs (`frontier`), `post` over all B·T of the values it reads from the core (`carried`)."""
+    nodes = graph.nodes
+    nodes += [helper.make_node("Reshape", ["tokens", "hoist.flat_in"], ["hoist.token"]),
+              helper.make_node("Shape", ["tokens"], ["hoist.bt"], end=2)]
+    nodes += [_copy(x, {"token": "hoist.token"}) for x in pre]
+
+    def to_seq(name, seq):  # (B·T, …) -> (B, T, …)
+        nodes.extend([helper.make_node("Shape", [name], [f"{seq}.rest"], start=1),
+                      helper.make_node("Concat", ["hoist.bt", f"{seq}.rest"], [f"{seq}.shape"], axis=0),
+                      helper.make_node("Reshape", [name, f"{seq}.shape"], [seq])])
+
+    for f in frontier:
+        to_seq(f, f"{f}.seq")
+    rename = {s["input"]: f"step.{s['input']}" for s in layout} | {s["output"]: f"step.{s['output']}" for s in layout}
+    rename |= {f: f"step.{f}" for f in frontier}
+    body = _scan_body(layout, frontier, core, rename, carried, "step")
+    nodes.append(helper.make_node(
+        "Scan", [s["input"] for s in layout] + [f"{f}.seq" for f in frontier],
+        [s["output"] for s in layout] + [f"{c}.seq" for c in carried], num_scan_inputs=len(frontier), body=body,
+        scan_input_axes=[1] * len(frontier), **({"scan_output_axes": [1] * len(carried)} if carried else {})))
+    rename_post = {"out": "hoist.out"}
+    for c in carried:  # (B, T, …) -> (B·T, …)
+        nodes.extend([helper.make_node("Shape", [f"{c}.seq"], [f"{c}.seq.rest"], start=2),
+                      helper.make_node("Concat", ["hoist.minus1", f"{c}.seq.rest"], [f"{c}.seq.flat"], axis=0),
+                      helper.make_node("Reshape", [f"{c}.seq", f"{c}.seq.flat"], [f"{c}.flatpost"])])
+        rename_post[c] = f"{c}.flatpost"
+    nodes += [_copy(x, rename_post) for x in post]
+    to_seq("hoist.out", "out")
+
+
+# The blocked linear scan (`h ← a ⊙ h + u(token)`, one state): its tensors are named lin.*; T is padded to
+# whole blocks of C tokens laid out time-major, (C, B, nb, …), and R = B·nb blocks are scanned at once.
+def _blocked_linear_scan(graph: _Hoisted, s, lin, pre, core, post, *, d_in, d_out, block, decay_groups) -> None:
+    """The linear update in time blocks (hoisted_step_graph's `linear`): the token projections over the
+    blocked tokens, (1) each block's end from the zero state, (2) the state carried across blocks, one
+    step per block, (3) each token's state, then the read-out and the last state."""
+    decay, u = lin[s["input"]]
+    n, C = decay.size, block
+    p = "lin"
+    graph.const(f"{p}.C", [C])
+    graph.const(f"{p}.shape_blocks", [0, -1, C, d_in])
+    graph.const(f"{p}.shape_u", [C, -1, n])
+    graph.const(f"{p}.d_out", [d_out])
+    graph.const(f"{p}.shape_final", [0, -1, d_out])
+    graph.const(f"{p}.aC", (decay ** C).astype(np.float32), np.float32)
+    graph.const(f"{p}.D", (decay[None, :] ** (np.arange(C)[:, None] + 1)).reshape(C, 1, 1, n), np.float32)
+    _time_major_tokens(graph, pre)
+    graph.const(f"{p}.zshape_tail", [n])
+    graph.nodes.append(helper.make_node("Reshape", [u, f"{p}.shape_u"], [f"{p}.u"]))  # (C, B·nb, n)
+    values = [v for v in np.unique(decay) if v != 0]
+    gemm = len(values) <= (MAX_DECAY_GROUPS if decay_groups is None else decay_groups)
+    if gemm:
+        _block_ends_by_gemm(graph, decay, values, C, n)
     else:
-        nodes += [helper.make_node("Reshape", ["tokens", "hoist.flat_in"], ["hoist.token"]),
-                  helper.make_node("Shape", ["tokens"], ["hoist.bt"], end=2)]
-        nodes += [_copy(x, {"token": "hoist.token"}) for x in pre]
+        _block_ends_by_scan(graph, s, u, core)
+    _across_blocks(graph, s)
+    # step 3, each token: its in-block value + a^(t+1) ⊙ the state entering its block, as (C, B, nb, n)
+    graph.nodes.append(helper.make_node("Concat", [f"{p}.C", f"{p}.B", "hoist.minus1", f"{p}.zshape_tail"],
+                                        [f"{p}.shape_hl2"], axis=0))
+    if gemm:
+        _token_states_by_gemm(graph, values)
+    else:
+        _token_states_by_carry(graph)
+    _last_state_and_read_out(graph, s, post)
 
-        def to_seq(name, seq):  # (B·T, …) -> (B, T, …)
-            nodes.extend([helper.make_node("Shape", [name], [f"{seq}.rest"], start=1),
-                          helper.make_node("Concat", ["hoist.bt", f"{seq}.rest"], [f"{seq}.shape"], axis=0),
-                          helper.make_node("Reshape", [name, f"{seq}.shape"], [seq])])
 
-        for f in frontier:
-            to_seq(f, f"{f}.seq")
-        rename = {s["input"]: f"step.{s['input']}" for s in layout} | {s["output"]: f"step.{s['output']}" for s in layout}
-        rename |= {f: f"step.{f}" for f in frontier}
-        body = scan(None, frontier, core, rename, carried, 1, "step")
-        nodes.append(helper.make_node(
-            "Scan", [s["input"] for s in layout] + [f"{f}.seq" for f in frontier],
-            [s["output"] for s in layout] + [f"{c}.seq" for c in carried], num_scan_inputs=len(frontier), body=body,
-            scan_input_axes=[1] * len(frontier), **({"scan_output_axes": [1] * len(carried)} if carried else {})))
-        rename_post = {"out": "hoist.out"}
-        for c in carried:  # (B, T, …) -> (B·T, …)
-            nodes.extend([helper.make_node("Shape", [f"{c}.seq"], [f"{c}.seq.rest"], start=2),
-                          helper.make_node("Concat", ["hoist.minus1", f"{c}.seq.rest"], [f"{c}.seq.flat"], axis=0),
-                          helper.make_node("Reshape", [f"{c}.seq", f"{c}.seq.flat"], [f"{c}.flatpost"])])
-            rename_post[c] = f"{c}.flatpost"
-        nodes += [_copy(x, rename_post) for x in post]
-        to_seq("hoist.out", "out")
+def _time_major_tokens(graph: _Hoisted, pre) -> None:
+    """The tokens padded to whole blocks, time-major, flattened to (C·B·nb, d_in); `pre` run on them."""
+    p = "lin"
+    graph.nodes += [
+        # pad T to whole blocks with zero tokens at the end (later tokens never reach earlier ones)
+        helper.make_node("Shape", ["tokens"], [f"{p}.T"], start=1, end=2),
+        helper.make_node("Shape", ["tokens"], [f"{p}.B"], start=0, end=1),
+        helper.make_node("Neg", [f"{p}.T"], [f"{p}.negT"]),
+        helper.make_node("Mod", [f"{p}.negT", f"{p}.C"], [f"{p}.pad"]),  # (−T) mod C
+        helper.make_node("Concat", ["hoist.zero", "hoist.zero", "hoist.zero", "hoist.zero", f"{p}.pad", "hoist.zero"],
+                         [f"{p}.pads"], axis=0),
+        helper.make_node("Pad", ["tokens", f"{p}.pads"], [f"{p}.tp"]),  # (B, T', d_in)
+        helper.make_node("Reshape", [f"{p}.tp", f"{p}.shape_blocks"], [f"{p}.tb"]),  # (B, nb, C, d_in)
+        helper.make_node("Transpose", [f"{p}.tb"], [f"{p}.tt"], perm=[2, 0, 1, 3]),  # (C, B, nb, d_in): time-major
+        helper.make_node("Reshape", [f"{p}.tt", "hoist.flat_in"], ["hoist.token"]),  # (C·B·nb, d_in)
+    ]
+    graph.nodes += [_copy(x, {"token": "hoist.token"}) for x in pre]
 
-    def info(name, like, timed=False):
-        t = like.type.tensor_type
-        dims = [d.dim_param or d.dim_value for d in t.shape.dim]
-        return helper.make_tensor_value_info(name, t.elem_type, [dims[0], "time", *dims[1:]] if timed else dims)
 
+def _block_ends_by_gemm(graph: _Hoisted, decay, values, C: int, n: int) -> None:
+    """Step 1, within blocks, one gemm per distinct decay a over all channels: the end of each block from
+    the zero state is Σ_s a^(C−1−s) u_s ((1 × C) @ (C × R·n)); channels take their own decay's result
+    (Where); a decay of 0 leaves u itself. Also the per-decay constants step 3 uses (Lp, mf, nf)."""
+    p = "lin"
+    graph.const(f"{p}.Cm1s", C - 1)
+    graph.const(f"{p}.flat2", [C, -1])
+    graph.const(f"{p}.row", [1, -1])
+    graph.const(f"{p}.Rn", [-1, n])
+    nodes = graph.nodes
+    nodes += [helper.make_node("Reshape", [f"{p}.u", f"{p}.flat2"], [f"{p}.Uf"]),  # (C, R·n)
+              helper.make_node("Gather", [f"{p}.u", f"{p}.Cm1s"], [f"{p}.e0"], axis=0)]  # (R, n): decay 0
+    k = np.arange(C)
+    ends = f"{p}.e0"
+    for i, v in enumerate(values):
+        graph.const(f"{p}.v{i}", (v ** (C - 1 - k))[None, :], np.float32)
+        Lp = np.zeros((C, C + 1))
+        Lp[:, 0] = v ** (k + 1)  # the state entering the block, carried to token t
+        Lp[:, 1:] = np.where(k[:, None] >= k[None, :], v ** np.maximum(k[:, None] - k[None, :], 0), 0.0)
+        graph.const(f"{p}.Lp{i}", Lp, np.float32)
+        graph.const(f"{p}.m{i}", decay == v, np.bool_)
+        graph.const(f"{p}.mf{i}", decay == v, np.float32)
+        graph.const(f"{p}.nf{i}", decay != v, np.float32)
+        nodes += [helper.make_node("MatMul", [f"{p}.v{i}", f"{p}.Uf"], [f"{p}.e{i}f"]),
+                  helper.make_node("Reshape", [f"{p}.e{i}f", f"{p}.Rn"], [f"{p}.e{i}r"]),
+                  helper.make_node("Where", [f"{p}.m{i}", f"{p}.e{i}r", ends], [f"{p}.ends{i}"])]
+        ends = f"{p}.ends{i}"
+    nodes.append(helper.make_node("Identity", [ends], [f"{p}.ends"]))
+
+
+def _block_ends_by_scan(graph: _Hoisted, s, u: str, core) -> None:
+    """Step 1, within blocks, every block from the zero state at once: the step's own update, C steps
+    (lin.ends, and every step's state lin.Hl)."""
+    p = "lin"
+    graph.nodes += [
+        helper.make_node("Shape", [f"{p}.u"], [f"{p}.rows"], start=1, end=2),
+        helper.make_node("Concat", [f"{p}.rows", f"{p}.zshape_tail"], [f"{p}.zshape"], axis=0),
+        helper.make_node("ConstantOfShape", [f"{p}.zshape"], [f"{p}.zero_state"],
+                         value=numpy_helper.from_array(np.zeros(1, np.float32))),
+    ]
+    rename = {s["input"]: "in.h", s["output"]: "in.h_out", u: "in.u"}
+    body = _scan_body([s], [u], core, rename, [s["output"]], "in")
+    graph.nodes.append(helper.make_node("Scan", [f"{p}.zero_state", f"{p}.u"], [f"{p}.ends", f"{p}.Hl"],
+                                        num_scan_inputs=1, body=body, scan_input_axes=[0], scan_output_axes=[0]))
+
+
+def _across_blocks(graph: _Hoisted, s) -> None:
+    """Step 2, across blocks: h ← a^C ⊙ h + end of block, one step per block from the carried state; lin.P
+    (B, nb, n) is the state entering each block."""
+    p = "lin"
+    graph.nodes += [
+        helper.make_node("Concat", [f"{p}.B", "hoist.minus1", f"{p}.zshape_tail"], [f"{p}.shape_ends2"], axis=0),
+        helper.make_node("Reshape", [f"{p}.ends", f"{p}.shape_ends2"], [f"{p}.E"])]  # (B, nb, n)
+    vi = lambda nm: helper.make_tensor_value_info(nm, TensorProto.FLOAT, None)
+    across = helper.make_graph(
+        [helper.make_node("Mul", [f"{p}.aC", "x.h"], ["x.ah"]),
+         helper.make_node("Add", ["x.ah", "x.end"], ["x.h_out"]),
+         helper.make_node("Identity", ["x.h"], ["x.entering"])],
+        "across", inputs=[vi("x.h"), vi("x.end")], outputs=[vi("x.h_out"), vi("x.entering")])
+    graph.nodes.append(helper.make_node("Scan", [s["input"], f"{p}.E"], [f"{p}.after", f"{p}.P"], num_scan_inputs=1,
+                                        body=across, scan_input_axes=[1], scan_output_axes=[1]))  # P (B, nb, n)
+
+
+def _token_states_by_gemm(graph: _Hoisted, values) -> None:
+    """Step 3 after gemm block ends: [state entering the block; u] @ (C × (C+1)) per decay, the carry and
+    the block in one gemm; lin.H (C, B, nb, n) is every token's new state."""
+    p = "lin"
+    nodes = graph.nodes
+    nodes += [helper.make_node("Reshape", [f"{p}.P", f"{p}.row"], [f"{p}.Pf"]),  # (1, R·n)
+              helper.make_node("Concat", [f"{p}.Pf", f"{p}.Uf"], [f"{p}.X"], axis=0)]  # (C+1, R·n)
+    Hs = f"{p}.u"
+    for i, _ in enumerate(values):
+        nodes += [helper.make_node("MatMul", [f"{p}.Lp{i}", f"{p}.X"], [f"{p}.H{i}f"]),
+                  helper.make_node("Reshape", [f"{p}.H{i}f", f"{p}.shape_u"], [f"{p}.H{i}"]),  # (C, R, n)
+                  # H·m + Hs·(1 − m), m ∈ {0, 1} per channel: exact for finite values, and
+                  # several times faster than a broadcast Where in ONNX Runtime
+                  helper.make_node("Mul", [f"{p}.H{i}", f"{p}.mf{i}"], [f"{p}.Hm{i}"]),
+                  helper.make_node("Mul", [Hs, f"{p}.nf{i}"], [f"{p}.Hn{i}"]),
+                  helper.make_node("Add", [f"{p}.Hm{i}", f"{p}.Hn{i}"], [f"{p}.Hs{i}"])]
+        Hs = f"{p}.Hs{i}"
+    nodes.append(helper.make_node("Reshape", [Hs, f"{p}.shape_hl2"], [f"{p}.H"]))  # (C, B, nb, n)
+
+
+def _token_states_by_carry(graph: _Hoisted) -> None:
+    """Step 3 after scanned block ends: each token's in-block state (lin.Hl) + a^(t+1) ⊙ the state entering
+    its block; lin.H (C, B, nb, n)."""
+    p = "lin"
+    graph.nodes += [
+        helper.make_node("Reshape", [f"{p}.Hl", f"{p}.shape_hl2"], [f"{p}.Hl4"]),  # (C, B, nb, n)
+        helper.make_node("Mul", [f"{p}.D", f"{p}.P"], [f"{p}.carry"]),  # (C,1,1,n)·(B,nb,n) → (C, B, nb, n)
+        helper.make_node("Add", [f"{p}.Hl4", f"{p}.carry"], [f"{p}.H"]),
+    ]
+
+
+def _last_state_and_read_out(graph: _Hoisted, s, post) -> None:
+    """The state after token T − 1 (state_out), and `post` over every token's state, back to (B, T, d_out)."""
+    p = "lin"
+    graph.nodes += [
+        # the state after token T − 1 (block (T−1) div C, position (T−1) mod C)
+        helper.make_node("Sub", [f"{p}.T", "hoist.one"], [f"{p}.last"]),
+        helper.make_node("Mod", [f"{p}.last", f"{p}.C"], [f"{p}.last_t"]),
+        helper.make_node("Div", [f"{p}.last", f"{p}.C"], [f"{p}.last_b"]),
+        helper.make_node("Squeeze", [f"{p}.last_t"], [f"{p}.last_t0"]),
+        helper.make_node("Squeeze", [f"{p}.last_b"], [f"{p}.last_b0"]),
+        helper.make_node("Gather", [f"{p}.H", f"{p}.last_t0"], [f"{p}.Hlast"], axis=0),  # (B, nb, n)
+        helper.make_node("Gather", [f"{p}.Hlast", f"{p}.last_b0"], [s["output"]], axis=1),  # (B, n)
+        helper.make_node("Concat", ["hoist.minus1", f"{p}.zshape_tail"], [f"{p}.shape_flat"], axis=0),
+        helper.make_node("Reshape", [f"{p}.H", f"{p}.shape_flat"], [f"{s['output']}.flatpost"]),  # (C·B·nb, n)
+    ]
+    graph.nodes += [_copy(x, {"out": "hoist.out", s["output"]: f"{s['output']}.flatpost"}) for x in post]
+    graph.nodes += [
+        helper.make_node("Concat", [f"{p}.C", f"{p}.B", "hoist.minus1", f"{p}.d_out"], [f"{p}.so"], axis=0),
+        helper.make_node("Reshape", ["hoist.out", f"{p}.so"], [f"{p}.o4"]),  # (C, B, nb, d_out)
+        helper.make_node("Transpose", [f"{p}.o4"], [f"{p}.ob"], perm=[1, 2, 0, 3]),  # (B, nb, C, d_out)
+        helper.make_node("Reshape", [f"{p}.ob", f"{p}.shape_final"], [f"{p}.op"]),  # (B, T', d_out)
+        helper.make_node("Slice", [f"{p}.op", "hoist.zero", f"{p}.T", "hoist.one"], ["out"]),
+    ]
+
+
+def _hoisted_model(step: onnx.ModelProto, graph: _Hoisted, layout) -> onnx.ModelProto:
+    """The assembled nodes as a checked model with the chunk graph's interface and the step graph's
+    metadata; only the initialisers some node (or a Scan body) reads are kept."""
+    g = step.graph
+    inputs, outputs = {i.name: i for i in g.input}, {o.name: o for o in g.output}
+    nodes = graph.nodes
     used = {i for x in nodes for i in x.input} | {i for x in nodes for a in x.attribute if a.type == onnx.AttributeProto.GRAPH
                                                   for y in a.g.node for i in y.input}
     outer = helper.make_graph(
         nodes, "hoisted",
-        inputs=[info("tokens", inputs["token"], True)] + [info(s["input"], inputs[s["input"]]) for s in layout],
-        outputs=[info("out", outputs["out"], True)] + [info(s["output"], outputs[s["output"]]) for s in layout],
-        initializer=[i for i in list(g.initializer) + extra if i.name in used])
+        inputs=[_chunk_value_info("tokens", inputs["token"], True)]
+        + [_chunk_value_info(s["input"], inputs[s["input"]]) for s in layout],
+        outputs=[_chunk_value_info("out", outputs["out"], True)]
+        + [_chunk_value_info(s["output"], outputs[s["output"]]) for s in layout],
+        initializer=[i for i in list(g.initializer) + graph.extra if i.name in used])
     model = helper.make_model(outer, opset_imports=list(step.opset_import), ir_version=step.ir_version)
     model.metadata_props.extend(step.metadata_props)
     onnx.checker.check_model(model)

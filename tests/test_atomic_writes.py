@@ -153,7 +153,7 @@ def test_build_refuses_another_entrys_checkpoint_unless_forced(tmp_path, capsys)
     before = snapshot(out)
     capsys.readouterr()
 
-    assert main(["build", B, "--out", str(out), "--quiet"]) == 2
+    assert main(["build", B, "--out", str(out), "--quiet"]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(out) in err and f"entry '{A}'" in err and "--force" in err
     assert snapshot(out) == before and zoo.load(out).entry.name == A
@@ -173,7 +173,7 @@ def test_export_out_refuses_another_entrys_checkpoint_unless_forced(tmp_path, ca
     zoo.build(B, b, progress=False)
     (b / "notes.txt").write_text("about B")
     before = snapshot(b)
-    assert main(["export", str(a), "--out", str(b)]) == 2
+    assert main(["export", str(a), "--out", str(b)]) == 1
     assert f"entry '{B}'" in capsys.readouterr().err and snapshot(b) == before
     assert main(["export", str(a), "--out", str(b), "--force"]) == 0
     assert zoo.load(b).entry.name == A and sorted(snapshot(b)) == sorted(snapshot(a))

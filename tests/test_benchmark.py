@@ -183,7 +183,7 @@ def test_a_bad_graph_is_refused_in_one_line_and_nothing_is_written(case, tmp_pat
     graph = tmp_path / "bad.onnx"
     graph.write_bytes(gd_step_graph(**kwargs))
     out = tmp_path / "result.json"
-    assert main(["eval", str(graph), "--task", TASK, "--out", str(out), "--json"]) == 2
+    assert main(["eval", str(graph), "--task", TASK, "--out", str(out), "--json"]) == 1
     captured = capsys.readouterr()
     assert captured.out == "" and not out.exists()
     (line,) = captured.err.strip().splitlines()
@@ -192,12 +192,12 @@ def test_a_bad_graph_is_refused_in_one_line_and_nothing_is_written(case, tmp_pat
 
 def test_a_streaming_step_graph_needs_inputs_the_task_cannot_give(capsys):
     step = release_dir() / "gated-rnn-zucchet-icl" / "model_step.onnx"
-    assert main(["eval", str(step), "--task", TASK]) == 2
+    assert main(["eval", str(step), "--task", TASK]) == 1
     assert "the task gives only 'tokens'" in capsys.readouterr().err
 
 
 def test_a_module_that_declares_another_token_width_is_refused_before_it_runs(capsys):
-    assert main(["eval", str(release_dir() / "lsa-gd-d10-c10"), "--task", TASK]) == 2
+    assert main(["eval", str(release_dir() / "lsa-gd-d10-c10"), "--task", TASK]) == 1
     assert capsys.readouterr().err.strip().endswith("takes tokens of width d_in = 11; the contract: tokens (B, 13, 6) "
                                                     "float32 → predictions (B, 3) at the query, or outputs (B, 13, d_out) "
                                                     "with a read-out")
@@ -230,7 +230,7 @@ def test_a_leaderboard_with_a_bad_model_writes_nothing(gd_onnx, tmp_path, capsys
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(gd_step_graph(input_name="input"))
     out = tmp_path / "board"
-    assert main(["leaderboard", TASK, "--add", f"good={gd_onnx}", "--add", f"bad={bad}", "--out", str(out)]) == 2
+    assert main(["leaderboard", TASK, "--add", f"good={gd_onnx}", "--add", f"bad={bad}", "--out", str(out)]) == 1
     assert "its input is named 'input'" in capsys.readouterr().err and not out.exists()
     with pytest.raises(BenchmarkError, match="raised RuntimeError"):
         leaderboard(TASK, add={"raises": raises}, entries=[])

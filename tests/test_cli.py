@@ -9,10 +9,14 @@
 | `zoo show` | θ, η as they are, not \\u escapes | test_show_prints_unicode |
 | `zoo --version` | the version | test_version |
 | a sweep; `zoo release build --workers N` | a line per finished run (step, loss); a line per entry started | test_sweep_prints_each_run, test_release_workers_announce_each_entry |
+| `zoo COMMAND --help` | every positional argument explained, an example at the end | test_every_command_explains_its_arguments_and_ends_with_an_example |
+| `zoo … --json | jq` | JSON alone on stdout (what else the command says goes to stderr) | test_json_output_is_json_alone |
+| a script checks `$?` | 0 done, 1 a runtime error (one line), 2 a usage error, 130 interrupted | test_exit_codes |
 """
 
 from __future__ import annotations
 
+import argparse
 import http.server
 import io
 import json
@@ -21,7 +25,9 @@ import threading
 import pytest
 
 from zoo import cli
+from zoo.cli.registry import WIDE, list_table
 from zoo.science.registry import list_entries
+from zoo.storage.locate import release_dir
 from zoo.version import __version__
 
 
@@ -49,12 +55,12 @@ def test_list_fits_80_columns(width):
     out = io.StringIO()
     console = Console(file=out, width=width, force_terminal=True, color_system=None)
     entries = list_entries()
-    cli.list_table(entries, console)
+    list_table(entries, console)
     lines = out.getvalue().splitlines()
     assert max(len(line) for line in lines) <= width
     text = out.getvalue()
     assert all(e.name in text for e in entries)  # every name whole, never cut
-    assert "…" not in "".join(line for line in lines if any(e.name in line for e in entries)).split("reproduces")[0] or width >= cli.WIDE
+    assert "…" not in "".join(line for line in lines if any(e.name in line for e in entries)).split("reproduces")[0] or width >= WIDE
 
 
 def test_show_prints_unicode(capsys):
@@ -67,7 +73,7 @@ def test_show_prints_unicode(capsys):
 def test_missing_folder_is_said_plainly(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for argv in (["export", str(tmp_path / "nope")], ["eval", "./nope"], ["pull", str(tmp_path / "a" / "b")]):
-        assert cli.main(argv) == 2, argv
+        assert cli.main(argv) == 1, argv
         err = capsys.readouterr().err
         assert "no such folder" in err and "Hub" not in err and "401" not in err, (argv, err)
 
@@ -105,7 +111,7 @@ def test_mistyped_repo_id_gets_suggestions_from_a_hub(hub_401, capsys, tmp_path,
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     for argv in (["pull", "icl-zoo/lsa-d10-c1", "--endpoint", hub_401],
                  ["export", "icl-zoo/gated-rnn-zucchet-ic", "--endpoint", hub_401]):
-        assert cli.main(argv) == 2
+        assert cli.main(argv) == 1
         err = capsys.readouterr().err
         assert "no such repo" in err and "401" not in err, err
         assert ("icl-zoo/lsa-d10-c10" if "lsa" in argv[1] else "icl-zoo/gated-rnn-zucchet-icl") in err.split("did you mean")[1]
@@ -118,7 +124,7 @@ def test_mistyped_repo_id_gets_suggestions_offline(capsys, tmp_path, monkeypatch
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    assert cli.main(["pull", "icl-zoo/lsa-d10-c1", "--endpoint", f"http://127.0.0.1:{port}"]) == 2
+    assert cli.main(["pull", "icl-zoo/lsa-d10-c1", "--endpoint", f"http://127.0.0.1:{port}"]) == 1
     err = capsys.readouterr().err
     assert "cannot be reached" in err and "icl-zoo/lsa-d10-c10" in err, err
 
@@ -145,8 +151,74 @@ def test_sweep_prints_each_run(tmp_path, capsys, monkeypatch):
 
 def test_release_workers_announce_each_entry(tmp_path, capsys, monkeypatch):
     from zoo.publishing import release
+    from zoo.publishing.release import build
 
-    monkeypatch.setattr(release, "build_entry", lambda name, root, **kw: {"entry": name})
+    monkeypatch.setattr(build, "build_entry", lambda name, root, **kw: {"entry": name})  # where it is looked up
     assert release.build_entry_announced("lsa-d10-c10", tmp_path) == {"entry": "lsa-d10-c10"}
     out = capsys.readouterr().out
     assert "started lsa-d10-c10 (20,000 recipe steps; worker pid" in out
+
+
+def _commands(p: argparse.ArgumentParser, prefix: tuple[str, ...] = ()):
+    """(words, parser) of every subcommand under `p`, nested ones (`hub serve`, `release build`) included."""
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*prefix, name), sub
+                yield from _commands(sub, (*prefix, name))
+
+
+COMMANDS = dict(_commands(cli.parser()))
+
+
+def test_the_walk_finds_the_nested_commands():
+    assert {("hub", "serve"), ("release", "build"), ("release", "unpack"), ("eval",), ("stream",)} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("words", COMMANDS, ids=" ".join)
+def test_every_command_explains_its_arguments_and_ends_with_an_example(words):
+    sub = COMMANDS[words]
+    unexplained = [a.dest for a in sub._actions if not a.option_strings and not a.help
+                   and not isinstance(a, argparse._SubParsersAction)]
+    assert not unexplained, f"zoo {' '.join(words)}: positional arguments without help: {unexplained}"
+    assert sub.epilog and "Example" in sub.epilog
+    last = sub.format_help().rstrip().splitlines()[-1].strip()
+    assert "zoo " + " ".join(words) in last, last  # the help's last line is an example of this very command
+
+
+@pytest.mark.parametrize("argv", [
+    ["build", "lsa-gd-zucchet-icl", "--no-graphs", "--quiet", "--json", "--out", "{tmp}/built"],
+    ["leaderboard", "zucchet-icl", "--only", "lsa-gd-zucchet-icl", "--quiet", "--json", "--out", "{tmp}/board"],
+    ["eval", "lsa-gd-zucchet-icl", "--json"],
+    ["eval", "{release}/lsa-gd-zucchet-icl/model.onnx", "--task", "zucchet-icl", "--json", "--out", "{tmp}/r.json"],
+    ["list", "gd", "--json"],
+    ["show", "lsa-gd-zucchet-icl"],
+], ids=["build", "leaderboard", "eval checkpoint", "eval --task", "list", "show"])
+def test_json_output_is_json_alone(argv, tmp_path, capsys):
+    argv = [a.format(tmp=tmp_path, release=release_dir()) for a in argv]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out), out[:500]  # the whole of stdout is one JSON document
+    if argv[0] == "build":
+        assert json.loads(out)["test_loss"] == pytest.approx(json.loads(out)["gd_loss"], rel=1e-4)  # θ_GD is one GD step
+    if argv[0] == "leaderboard":
+        rows = json.loads(out)["rows"]
+        assert {r["name"] for r in rows} >= {"lsa-gd-zucchet-icl", "least squares"} and (tmp_path / "board").is_dir()
+
+
+def test_exit_codes(capsys, monkeypatch):
+    assert cli.main(["show", "no-such-entry"]) == 1  # a runtime error: one line
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
+    for argv in (["show"], ["no-such-command"], ["list", "--source", "bought"], ["release"]):  # usage errors: argparse's 2
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(argv)
+        assert exit_.value.code == 2, argv
+        assert "usage: zoo" in capsys.readouterr().err
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.registry, "cmd_show", interrupted)
+    assert cli.main(["show", "lsa-gd-zucchet-icl"]) == 130
+    assert "interrupted" in capsys.readouterr().err

@@ -277,7 +277,7 @@ def test_a_registered_task_is_checked_against_the_registry_not_the_checkpoint(tm
     ckpt = _rigged_checkpoint(tmp_path, sha)
     code = main(["eval", str(ckpt), "--dataset", "evil/rigged", "--json"])
     err = capsys.readouterr().err
-    assert code == 2 and "does not match the expected" in err  # the rigged split is refused, never scored
+    assert code == 1 and "does not match the expected" in err  # the rigged split is refused, never scored
     assert calls[0]["expected_sha256"] == _registry_hash("zucchet-icl") != sha
     assert calls[0]["spec"] == get_task_spec("zucchet-icl")
     assert f"warning: the checkpoint claims zucchet-icl/test has SHA-256 {sha}" in err

@@ -36,4 +36,4 @@ def test_the_contracts_can_fail(tmp_path):
                       'layers = ["zoo.science", "zoo.storage", "export", "zoo.running", "zoo.publishing", "zoo.cli"]\n')
     run = _lint(config)
     assert run.returncode == 1 and "upside down BROKEN" in run.stdout
-    assert "zoo.cli -> zoo.publishing" in run.stdout and "zoo.running.builder -> export" in run.stdout
+    assert "zoo.cli.hub -> zoo.publishing.hub" in run.stdout and "zoo.running.builder -> export" in run.stdout

@@ -47,7 +47,7 @@ def zoo_stream(*args, **kw):
 
 
 def one_line_error(out, *needles):
-    assert out.returncode == 2, (out.returncode, out.stderr)
+    assert out.returncode == 1, (out.returncode, out.stderr)
     assert "Traceback" not in out.stderr and out.stderr.startswith("error: ") and len(out.stderr.splitlines()) == 1, out.stderr
     for needle in needles:
         assert needle in out.stderr, out.stderr

@@ -189,14 +189,15 @@ def test_task_variants_for_context_size_sweeps(tmp_path):
 
 
 def test_cli_set_values_and_bad_set(tmp_path, capsys):
-    from zoo.cli import _parse_value, main
+    from zoo.cli import main
+    from zoo.cli.build import parse_value
 
-    assert [_parse_value(v) for v in ("3e-3", "16", "true", "[8, 16]", "in_out")] == [3e-3, 16, True, [8, 16], "in_out"]
+    assert [parse_value(v) for v in ("3e-3", "16", "true", "[8, 16]", "in_out")] == [3e-3, 16, True, [8, 16], "in_out"]
     spec_file = tmp_path / "s.toml"
     spec_file.write_text(SPEC)
-    assert main(["sweep", str(spec_file), "--set", "source.lr", "--out", str(tmp_path / "o")]) == 2
+    assert main(["sweep", str(spec_file), "--set", "source.lr", "--out", str(tmp_path / "o")]) == 1
     assert "expected FIELD=VALUE" in capsys.readouterr().err
-    assert main(["sweep", str(spec_file), "--only", "lsa-gd-zuchet-icl", "--out", str(tmp_path / "o")]) == 2
+    assert main(["sweep", str(spec_file), "--only", "lsa-gd-zuchet-icl", "--out", str(tmp_path / "o")]) == 1
     err = capsys.readouterr().err
     assert "--only lsa-gd-zuchet-icl: not in" in err and "gated-rnn-zucchet-icl, lsa-gd-zucchet-icl" in err
     assert not (tmp_path / "o").exists()  # refused before anything ran

@@ -20,7 +20,7 @@ written or lost. One test per defect class; the table below is the index of the 
 | determinism | the same entry built in two processes | byte-identical files |
 | streams | JSON object line, NaN token, wrong width, closed stdin, `| head` | one-line error / clean exit |
 | streams | line-by-line: the answer to a line comes before the next line is sent | (works) |
-| server | `zoo hub serve` on a busy port; SIGTERM | exit 2 with the port named; the hub server and its temp folder gone |
+| server | `zoo hub serve` on a busy port; SIGTERM | exit 1 with the port named; the hub server and its temp folder gone |
 
 (Frozen-split cases — tampered caches, task variants, concurrent repair, rebuilds — are in
 test_frozen.py; released-folder tampering and hostile archives in test_release.py.)
@@ -259,7 +259,7 @@ def test_the_same_build_gives_the_same_bytes(tmp_path):
 def test_stream_bad_lines_are_one_line_errors(built, text, message):
     out = subprocess.run([*ZOO, "stream", str(built), "--input", "-"], input="[0,0,0,0,0,0]\n" + text,
                          capture_output=True, text=True)
-    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.returncode == 1 and "Traceback" not in out.stderr
     assert message in out.stderr and "-:2:" in out.stderr
     assert len(out.stdout.splitlines()) == 1  # the good first line was answered
 
@@ -315,7 +315,7 @@ def test_serve_on_a_busy_port_fails_loudly(tmp_path):
         port = taken.getsockname()[1]
         out = subprocess.run([*ZOO, "hub", "serve", "--dir", str(tmp_path), "--port", str(port), "--no-release"],
                              capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and f"port {port}" in out.stderr and "already in use" in out.stderr
+    assert out.returncode == 1 and f"port {port}" in out.stderr and "already in use" in out.stderr
 
 
 def test_sigterm_takes_the_hub_server_and_its_temp_folder_down(tmp_path):
@@ -355,14 +355,14 @@ def test_stream_refuses_to_overwrite_its_input(built, tmp_path):
     before = tokens.read_bytes()
     out = subprocess.run([*ZOO, "stream", str(built), "--input", str(tokens), "--output", str(tokens)],
                          capture_output=True, text=True)
-    assert out.returncode == 2 and "is the input file" in out.stderr
+    assert out.returncode == 1 and "is the input file" in out.stderr
     assert tokens.read_bytes() == before
 
 
 @pytest.mark.parametrize("line", ["[" * 100_000, "9" * 5000 + ",1,1,1,1,1"])
 def test_stream_absurd_lines_are_one_line_errors(built, line):
     out = subprocess.run([*ZOO, "stream", str(built), "--input", "-"], input=line + "\n", capture_output=True, text=True)
-    assert out.returncode == 2 and "Traceback" not in out.stderr and "-:1:" in out.stderr
+    assert out.returncode == 1 and "Traceback" not in out.stderr and "-:1:" in out.stderr
 
 
 def test_state_out_writes_exactly_the_named_file(built, tmp_path):
@@ -386,7 +386,7 @@ def test_hub_dataset_without_any_hash_is_refused(built, tmp_path, capsys):
         split["sha256"] = None
     _resign(dst, config)
     code = main(["eval", str(dst), "--dataset", "someone/split", "--endpoint", "http://127.0.0.1:9"])
-    assert code == 2 and "cannot be verified; refusing to score it" in capsys.readouterr().err
+    assert code == 1 and "cannot be verified; refusing to score it" in capsys.readouterr().err
 
 
 def test_a_chunk_graph_is_used_only_when_its_checkpoint_lists_it(tmp_path):
@@ -427,7 +427,7 @@ def test_eval_refuses_a_downloaded_validation_split(capsys):
     """`--dataset` downloads the test split only: asking it for the validation split is a clear error, not a silent test score."""
     from zoo.cli import main
 
-    assert main(["eval", "lsa-gd-zucchet-icl", "--split", "validation", "--dataset", "someone/split"]) == 2
+    assert main(["eval", "lsa-gd-zucchet-icl", "--split", "validation", "--dataset", "someone/split"]) == 1
     assert "--dataset downloads the test split" in capsys.readouterr().err
 
 
