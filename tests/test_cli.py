@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import http.server
+import os
+import socket
 import io
 import json
 import threading
@@ -153,10 +155,10 @@ def test_release_workers_announce_each_entry(tmp_path, capsys, monkeypatch):
     from zoo.publishing import release
     from zoo.publishing.release import build
 
-    monkeypatch.setattr(build, "build_entry", lambda name, root, **kw: {"entry": name})  # where it is looked up
-    assert release.build_entry_announced("lsa-d10-c10", tmp_path) == {"entry": "lsa-d10-c10"}
+    monkeypatch.setattr(build, "make_entry", lambda name, work_root, **kw: {"entry": name})  # where it is looked up
+    assert release.make_entry_announced("lsa-d10-c10", tmp_path) == {"entry": "lsa-d10-c10"}
     out = capsys.readouterr().out
-    assert "started lsa-d10-c10 (20,000 recipe steps; worker pid" in out
+    assert f"started lsa-d10-c10 (20,000 recipe steps; {socket.gethostname()} pid {os.getpid()}" in out
 
 
 def _commands(p: argparse.ArgumentParser, prefix: tuple[str, ...] = ()):

@@ -9,15 +9,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_registry import GOOD_TASK  # a valid task table
 from torch import nn
 
 from export.onnx_export import GraphContractError, export_chunk, export_sequence
 from zoo.science.models import FAMILIES, FAMILY_OF_TYPE, create_model
 from zoo.science.models.base import ZooModel
 from zoo.science.registry import (
-    RegistryError,
     TASK_ADAPTER,
     TASK_SPECS,
+    RegistryError,
     get_entry,
     get_task_spec,
     list_entries,
@@ -27,17 +28,6 @@ from zoo.science.registry import (
 from zoo.science.tasks import TASK_KINDS, Task
 from zoo.science.tasks.regression import LinearRegressionTask, Readout
 from zoo.science.tasks.teacher import LSATeacherTask
-
-TASK = """
-[tasks.t]
-kind = "linear_regression"
-d_x = 2
-n_context = 4
-[tasks.t.splits.test]
-seed = 1
-[tasks.t.splits.validation]
-seed = 2
-"""
 
 
 class LoopedRNN(ZooModel):
@@ -111,7 +101,7 @@ def test_generic_code_does_not_probe_for_hooks():
      "field 'source.freeze': 'nonexistent' names no parameter of arch type 'lsa' (its parameters start with layers)"),
 ])
 def test_the_registry_refuses_training_settings_the_family_cannot_honour(tmp_path, source, message):
-    (tmp_path / "fam.toml").write_text(TASK + f'\n[models.m]\npaper = "p"\ntask = "t"\narch = {{ type = "lsa" }}\n'
+    (tmp_path / "fam.toml").write_text(GOOD_TASK + f'\n[models.m]\npaper = "p"\ntask = "t"\narch = {{ type = "lsa" }}\n'
                                                f"source = {source}\n")
     with pytest.raises(RegistryError) as e:
         load_registry(tmp_path)

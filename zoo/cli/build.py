@@ -77,7 +77,7 @@ def cmd_sweep(args) -> int:
     spec = load_spec(args.spec)
     spec = spec.model_copy(update=sweep_update(args, spec))
     rows = run_sweep(spec, args.out, backend=args.backend, address=args.address, gpus_per_run=args.gpus_per_run,
-                     progress=not args.quiet)
+                     workers=args.workers, progress=not args.quiet)
     print(markdown_table(rows), end="")
     return 0
 
@@ -108,7 +108,9 @@ def register(sub) -> None:
                     "zoo sweep sweeps/context-size.toml --seeds 0 1 --steps 500",
                     "zoo sweep sweeps/context-size.toml --set source.lr=3e-3 --backend ray")
     s.add_argument("spec", help="sweep TOML (see zoo/running/sweep.py and sweeps/)")
-    s.add_argument("--backend", choices=["local", "ray"], default="local")
+    s.add_argument("--backend", choices=["local", "ray"], default="local",
+                   help="local (this process, or --workers processes) or Ray tasks on a cluster")
+    s.add_argument("--workers", type=int, default=1, help="local backend: groups of runs at once in separate processes")
     s.add_argument("--address", help="Ray cluster address (default: start a local Ray instance)")
     s.add_argument("--gpus-per-run", type=float, default=0.0, help="Ray: fraction of a GPU per run")
     s.add_argument("--out", help="output folder (default: runs/<spec name>)")

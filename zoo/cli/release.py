@@ -8,6 +8,7 @@ from pathlib import Path
 
 from zoo.cli.build import training_process
 from zoo.cli.output import add_command
+from zoo.running.executor import Backend
 from zoo.storage import locate
 
 
@@ -22,9 +23,10 @@ def cmd_build(args) -> int:
 
     root = release_root(args)
     started = time.perf_counter()
+    backend = Backend(args.backend, workers=args.workers, address=args.address, gpus_per_job=args.gpus_per_entry)
     index = release.build_release(root, only=args.only, time_budget=args.time_budget, device=args.device,
-                                  workers=args.workers, threads=args.threads, force=args.force,
-                                  compiled=not args.no_compile)
+                                  threads=args.threads, force=args.force, compiled=not args.no_compile,
+                                  backend=backend)
     print(f"release {index['version']}: {len(index['entries'])} entries in {root} "
           f"({time.perf_counter() - started:.0f} s); index: {root / locate.INDEX_MD}")
     if args.archive:
@@ -153,13 +155,18 @@ def register(sub) -> None:
 def register_build(rel_sub) -> None:
     s = add_command(rel_sub, "build", "build every entry (or --only …) into release/; resumable entry by entry",
                     "zoo release build --workers 4 --threads 1",
-                    "zoo release build --only lsa-d10-c10 --time-budget 600 --archive release.tar.gz")
+                    "zoo release build --only lsa-d10-c10 --time-budget 600 --archive release.tar.gz",
+                    "zoo release build --backend ray --address auto --gpus-per-entry 0.25")
     s.add_argument("--only", nargs="+", metavar="ENTRY")
     s.add_argument("--time-budget", type=float, metavar="SECONDS",
                    help="per trained entry: train at most this long (steps chosen from measured throughput, "
                         "recorded as steps run / recipe steps); default: the recipe's length")
     s.add_argument("--device", help="cpu, cuda … (default: cuda if available)")
-    s.add_argument("--workers", type=int, default=1, help="entries built at once in separate processes")
+    s.add_argument("--workers", type=int, default=1, help="local backend: entries built at once in separate processes")
+    s.add_argument("--backend", choices=["local", "ray"], default="local",
+                   help="local processes (default), or Ray tasks on a cluster (this process writes index.json)")
+    s.add_argument("--address", help="Ray: the cluster to join (e.g. auto); default: start Ray on this machine")
+    s.add_argument("--gpus-per-entry", type=float, default=0.0, help="Ray: fraction of a GPU each entry reserves")
     s.add_argument("--threads", type=int, help="torch threads per worker (1 on a CPU with --workers = cores)")
     s.add_argument("--force", action="store_true", help="rebuild entries that are already current")
     s.add_argument("--no-compile", action="store_true", help="train eagerly (default: through torch.compile, "

@@ -4,11 +4,10 @@ written; `zoo release refresh` re-renders the cards, figures (and graphs) of rel
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import shutil
+import socket
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import torch
@@ -17,6 +16,7 @@ from export import onnx_export
 from zoo.publishing.release.index import index_row, is_adoptable, is_current, write_index
 from zoo.publishing.release.plan import entry_fingerprint, run_length, training_mode
 from zoo.running import builder
+from zoo.running.executor import Backend, Job, run_jobs
 from zoo.running.train import default_device, flush_denormals_in_this_process
 from zoo.science.expected import measurements
 from zoo.science.registry import Entry, default_registry, get_entry, get_task_spec, unknown_entry_error
@@ -32,26 +32,37 @@ SHIPPED = {".json", ".safetensors", ".onnx", ".md", ".png"}  # what a released f
 
 
 # ---------------------------------------------------------------- one entry
-def build_entry_announced(name: str, root: Path, **kwargs) -> dict:
-    """`build_entry` in a worker of `zoo release build --workers N`, saying when it starts (its process) and
-    how long its run is: the pool's lines come one per entry as they start and as they finish."""
+def build_entry(name: str, root: Path, *, time_budget: float | None, device: str | None, threads: int | None,
+                force: bool = False, progress: bool = False, compiled: bool = True) -> dict:
+    """Build entry `name` into `root/<name>` in this process and return its index row."""
+    made = make_entry(name, root / WORK, time_budget=time_budget, device=device, threads=threads, force=force,
+                      progress=progress, compiled=compiled)
+    return ship_entry(root, name, made)
+
+
+def make_entry_announced(name: str, work_root: str | Path, **kwargs) -> dict:
+    """`make_entry`, saying when it starts (where, and how long its run is): a pool's or a cluster's lines come
+    one per entry as they start and as they finish."""
     started = time.strftime("%H:%M:%S")
     entry = get_entry(name)
     length = f"{entry.source.steps:,} recipe steps" if entry.source.kind == "trained" else "constructed"
-    print(f"  started {name} ({length}; worker pid {os.getpid()}, {started})", flush=True)
-    return build_entry(name, root, **kwargs)
+    print(f"  started {name} ({length}; {socket.gethostname()} pid {os.getpid()}, {started})", flush=True)
+    return make_entry(name, work_root, **kwargs)
 
 
-def build_entry(name: str, root: Path, *, time_budget: float | None, device: str | None, threads: int | None,
-                force: bool = False, progress: bool = False, compiled: bool = True) -> dict:
-    """Build entry `name` into `root/<name>` and return its index row (also run in worker processes).
-    A trained entry that does not run as a CUDA-graph ensemble trains compiled (`compiled`)."""
+def make_entry(name: str, work_root: str | Path, *, time_budget: float | None, device: str | None,
+               threads: int | None, force: bool = False, progress: bool = False, compiled: bool = True) -> dict:
+    """The job of one entry, wherever it runs (this process, a worker process, a Ray task on another machine):
+    build it in `work_root/<name>` (resumable there) and return what the release needs of it: its shipped
+    files' bytes, the build's seconds and the measured steps/s. The driver ships them (`ship_entry`), so a
+    worker never writes into the release folder. A trained entry that does not run as a CUDA-graph ensemble
+    trains compiled (`compiled`)."""
     flush_denormals_in_this_process()  # a worker process: before its first op starts torch's threads
     if threads:
         torch.set_num_threads(threads)
     device = device or str(default_device())
     entry = get_entry(name)
-    work = root / WORK / name
+    work = Path(work_root) / name
     started = time.perf_counter()
     rate = None
     if entry.source.kind == "trained":
@@ -60,9 +71,22 @@ def build_entry(name: str, root: Path, *, time_budget: float | None, device: str
     else:
         builder.build(name, work / "ckpt", progress=progress, force=True)
     seconds = time.perf_counter() - started
-    _ship(root, name, work / "ckpt")
+    files = {path.name: path.read_bytes() for path in sorted((work / "ckpt").iterdir())
+             if path.is_file() and not path.is_symlink() and path.suffix in SHIPPED}
     shutil.rmtree(work, ignore_errors=True)
-    return index_row(name, root / name, build_seconds=seconds, steps_per_second=rate)
+    return {"files": files, "build_seconds": seconds, "steps_per_second": rate}
+
+
+def ship_entry(root: Path, name: str, made: dict) -> dict:
+    """The files of a made entry (`make_entry`) become root/name, whole; returns its index row, measured from the
+    shipped folder (hashes included) by the driver."""
+    staged = _staging(root, name)
+    for filename, data in made["files"].items():
+        if Path(filename).name != filename or Path(filename).suffix not in SHIPPED:
+            raise ReleaseError(f"{name}: a built entry returned the file name {filename!r}, which a release does not ship")
+        (staged / filename).write_bytes(data)
+    _swap_in(root, name, staged)
+    return index_row(name, root / name, build_seconds=made["build_seconds"], steps_per_second=made["steps_per_second"])
 
 
 def _train_entry(entry: Entry, work: Path, *, time_budget: float | None, device: str, force: bool, progress: bool,
@@ -93,15 +117,6 @@ def _train_entry(entry: Entry, work: Path, *, time_budget: float | None, device:
     return rate
 
 
-def _ship(root: Path, name: str, ckpt: Path) -> None:
-    """The shipped files (SHIPPED: no training state) of built checkpoint `ckpt` become root/name, whole."""
-    staged = _staging(root, name)
-    for path in sorted(ckpt.iterdir()):
-        if path.is_file() and not path.is_symlink() and path.suffix in SHIPPED:
-            shutil.copyfile(path, staged / path.name)
-    _swap_in(root, name, staged)
-
-
 def _staging(root: Path, name: str) -> Path:
     staged = root / f".{name}.staged"
     shutil.rmtree(staged, ignore_errors=True)
@@ -126,9 +141,13 @@ def _swap_in(root: Path, name: str, staged: Path) -> None:
 # ---------------------------------------------------------------- the release
 def build_release(root: Path | None = None, *, only: list[str] | None = None, time_budget: float | None = None,
                   device: str | None = None, workers: int = 1, threads: int | None = None, force: bool = False,
-                  progress: bool = True, compiled: bool = True) -> dict:
+                  progress: bool = True, compiled: bool = True, backend: Backend | None = None) -> dict:
     """Build every registry entry (or `only`) into `root`; skip those already released with the same
-    definition (resumable), rebuild those whose entry or task changed. Returns the index."""
+    definition (resumable), rebuild those whose entry or task changed. Returns the index. The entries run
+    through the one executor (zoo.running.executor): `backend` (default: `workers` local processes, 1 = this
+    process), e.g. `Backend("ray", address=...)` on a Ray cluster; this process writes each entry's folder and
+    its index.json row as its result arrives."""
+    backend = backend or Backend(workers=workers)
     root = Path(root or release_dir())
     root.mkdir(parents=True, exist_ok=True)
     registry = default_registry()
@@ -139,8 +158,8 @@ def build_release(root: Path | None = None, *, only: list[str] | None = None, ti
     index, todo = _index_and_todo(root, names, registry, force)
     rows = index["entries"]
     if progress:
-        print(f"release {VERSION}: {len(names) - len(todo)} of {len(names)} entries current, building {len(todo)}"
-              + (f" with {workers} workers" if workers > 1 else ""), flush=True)
+        print(f"release {VERSION}: {len(names) - len(todo)} of {len(names)} entries current, building {len(todo)} "
+              f"in {backend.describe()}", flush=True)
     # Trained entries first: they are the long ones, so parallel workers end together.
     todo.sort(key=lambda n: (registry.entries[n].source.kind != "trained", n))
     started = time.perf_counter()
@@ -160,7 +179,7 @@ def build_release(root: Path | None = None, *, only: list[str] | None = None, ti
         failures[name] = f"{type(error).__name__}: {error}"
         print(f"  FAILED {name}: {failures[name]}", flush=True)
 
-    _build_entries(todo, root, kwargs, workers=workers, progress=progress, finished=finished, failed=failed)
+    _build_entries(todo, root, kwargs, backend=backend, progress=progress, finished=finished, failed=failed)
     index["build_seconds_last_run"] = round(time.perf_counter() - started, 1)
     write_index(root, index)
     if failures:
@@ -186,30 +205,25 @@ def _index_and_todo(root: Path, names: list[str], registry, force: bool) -> tupl
     return index, todo
 
 
-def _build_entries(todo: list[str], root: Path, kwargs: dict, *, workers: int, progress: bool, finished, failed) -> None:
-    """`build_entry` for each of `todo`, in this process or in a pool of `workers` processes; each result
-    goes to `finished(name, row)`, each exception to `failed(name, error)` as it comes."""
-    if workers <= 1:  # one process: each entry's training shows its step bar
-        for name in todo:
-            if progress:
-                print(f"  building {name}", flush=True)
-            try:
-                row = build_entry(name, root, **kwargs, progress=progress)
-            except Exception as e:
-                failed(name, e)
-            else:
-                finished(name, row)
-        return
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
-        futures = {pool.submit(build_entry_announced if progress else build_entry, name, root, **kwargs): name
-                   for name in todo}
-        for future in as_completed(futures):
-            try:
-                row = future.result()
-            except Exception as e:
-                failed(futures[future], e)
-            else:
-                finished(futures[future], row)
+def _build_entries(todo: list[str], root: Path, kwargs: dict, *, backend: Backend, progress: bool, finished,
+                   failed) -> None:
+    """`make_entry` for each of `todo` through the executor; each result is shipped here and goes to
+    `finished(name, row)`, each exception (the job's or the shipping's) to `failed(name, error)`, as it comes.
+    In this process each entry's training shows its step bar; elsewhere each says when it starts."""
+    inline = backend.kind == "local" and backend.workers == 1
+    if not inline and kwargs.get("threads") is None and backend.kind == "ray":
+        kwargs = {**kwargs, "threads": max(1, int(backend.cpus_per_job))}  # one task's CPUs: no oversubscription
+    job = make_entry_announced if progress else make_entry
+    jobs = [Job(name, job, (name, str(root / WORK)), {**kwargs, "progress": progress and inline}) for name in todo]
+    for name, made in run_jobs(jobs, backend):
+        try:
+            if isinstance(made, BaseException):
+                raise made
+            row = ship_entry(root, name, made)
+        except Exception as e:  # one entry's failure never stops the others
+            failed(name, e)
+        else:
+            finished(name, row)
 
 
 # ---------------------------------------------------------------- refresh

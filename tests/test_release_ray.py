@@ -1,0 +1,42 @@
+"""The release builds through the one executor: a small release built on a local Ray cluster (a head with two
+worker processes, started here) gives the same index.json rows, file hashes included, as the local backend.
+The workers return each entry's files and this process ships them and writes the index."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from zoo.publishing.release import build_release
+from zoo.running.executor import Backend
+from zoo.storage.locate import INDEX_JSON
+
+ENTRIES = ["lsa-gd-zucchet-icl", "retention-gd-zucchet-icl"]  # constructed: deterministic, no training
+TIMINGS = ("build_seconds", "steps_per_second")  # how long it took, which differs run to run
+
+
+def _rows(root):
+    rows = json.loads((root / INDEX_JSON).read_text())["entries"]
+    return {name: {k: v for k, v in row.items() if k not in TIMINGS} for name, row in rows.items()}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)  # a head and its two worker processes
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def test_a_release_built_on_ray_has_the_local_rows(tmp_path, ray_cluster):
+    local = build_release(tmp_path / "local", only=ENTRIES, threads=1, progress=False, backend=Backend())
+    on_ray = build_release(tmp_path / "ray", only=ENTRIES, threads=1, progress=False, backend=Backend("ray"))
+    assert sorted(on_ray["entries"]) == sorted(local["entries"]) == sorted(ENTRIES)
+    assert _rows(tmp_path / "ray") == _rows(tmp_path / "local")
+    assert ray_cluster.cluster_resources().get("CPU") == 2
+    for name in ENTRIES:  # the driver shipped each entry whole: no staging or work folder left
+        assert sorted(p.name for p in (tmp_path / "ray" / name).iterdir()) == sorted(_rows(tmp_path / "local")[name]["files"])
+    assert not [p for p in (tmp_path / "ray").iterdir() if p.name.startswith(".") and p.name != ".work"]
