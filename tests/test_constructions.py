@@ -17,7 +17,7 @@ from zoo.science.constructions import construct
 from zoo.science.evaluation import gd_reference
 from zoo.science.models import CONSTRUCTIONS, create_model
 from zoo.science.registry import get_task_spec, list_entries
-from zoo.science.tasks.regression import gd_predict
+from zoo.science.tasks.regression import gd_predict, online_gd_predict
 
 
 def _theta_gd_entries():
@@ -42,10 +42,14 @@ def test_a_theta_gd_construction_is_gd_on_fresh_tasks(entry):
     torch.manual_seed(0)
     model = create_model(entry.arch, task).double().eval()
     info = construct(entry, model, task, task.sample(2000, seed=5, dtype=torch.float64))  # (a line search's split)
-    ref = gd_reference(entry, task, info)
-    assert ref["eta"] is not None and ref["eta"] > 0, info
     batch = task.sample(512, seed=987_654, dtype=torch.float64)  # tasks no frozen split holds
     with torch.no_grad():
         pred = model.predict(batch.tokens)  # (B, d_y)
-    want = gd_predict(batch, ref["eta"], ref["gd_steps"], ref["ridge"])  # (B, d_y)
+    if "online_eta" in info:  # online GD (the delta rule): one step per context example, read at the query
+        assert 0 < info["online_eta"] < 1, info
+        want = online_gd_predict(batch, info["online_eta"])[:, -1]  # (B, d_y)
+    else:
+        ref = gd_reference(entry, task, info)
+        assert ref["eta"] is not None and ref["eta"] > 0, info
+        want = gd_predict(batch, ref["eta"], ref["gd_steps"], ref["ridge"])  # (B, d_y)
     torch.testing.assert_close(pred, want, rtol=1e-10, atol=1e-10)
