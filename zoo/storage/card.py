@@ -114,20 +114,27 @@ def dataset_repo_of(entry, dataset_repo: str | None = None, dataset_revision: st
 
 
 def base_model(entry) -> str | None:
-    """The released entry a trained one starts from or imitates, as a repo id: for `source.init`, the
-    constructed entry of its task with that construction (the same architecture first); for a student of
-    a teacher task, the constructed entry that realises the teacher. None where the registry holds none."""
+    """The released constructed entry a trained one starts from (`source.init`), as a repo id: its weights are
+    that checkpoint's, trained further (the Hub's `base_model` with `base_model_relation: finetune`). The same
+    architecture first; None where the entry has no `init` or the registry holds no such entry."""
+    src = entry.source
+    if src.kind != "trained" or not src.init:
+        return None
+    return _constructed_on_task(entry, lambda other: other.source.construction == src.init)
+
+
+def teacher_model(entry) -> str | None:
+    """The released entry that realises the teacher a student of a teacher task imitates, as a repo id: a
+    student is trained from random weights on the teacher's outputs, so it is no fine-tune of it (the card's
+    metadata says `teacher`, not `base_model`). None for other entries."""
+    if entry.source.kind != "trained" or getattr(get_task_spec_of(entry), "kind", None) != "lsa_teacher":
+        return None
+    return _constructed_on_task(entry, lambda other: True)
+
+
+def _constructed_on_task(entry, wanted) -> str | None:
     from zoo.science.registry import default_registry
 
-    src = entry.source
-    if src.kind != "trained":
-        return None
-    if src.init:
-        wanted = lambda other: other.source.construction == src.init
-    elif getattr(get_task_spec_of(entry), "kind", None) == "lsa_teacher":
-        wanted = lambda other: True
-    else:
-        return None
     found = sorted((o for o in default_registry().entries.values()
                     if o.source.kind == "constructed" and o.task == entry.task and wanted(o)),
                    key=lambda o: (o.arch != entry.arch, o.name))
@@ -163,13 +170,18 @@ def card_data(ckpt, dataset_repo: str | None = None, dataset_revision: str | Non
         if key in m
     ]
     arxiv = sorted({f"arxiv:{link['arxiv']}" for link in paper_links(entry) if link.get("arxiv")})
+    registered = _registered(entry)
+    base, teacher = base_model(registered), teacher_model(registered)
+    # No pipeline_tag: the Hub's widgets take a table row, an image or text, and these models take a whole
+    # prompt of (x, y) examples as one float tensor; "tabular-regression" showed a form that cannot call them.
     return ModelCardData(
         library_name="icl-zoo",
         license="apache-2.0",
-        pipeline_tag="tabular-regression",  # in-context regression: predict y_q from (x_i, y_i) pairs and x_q
         tags=["in-context-learning", "icl-zoo", "onnx", "safetensors", entry.arch.type, entry.source.kind, entry.task, *arxiv],
         datasets=[dataset],
-        base_model=base_model(_registered(entry)),
+        base_model=base,
+        base_model_relation="finetune" if base else None,  # trained on from the constructed checkpoint's weights
+        teacher=teacher,  # a student imitates this released model's outputs; it is not derived from its weights
         model_name=entry.name,
         eval_results=results or None,
     )
