@@ -1,0 +1,107 @@
+"""The registry's paper claims are checked as the papers state them, and its entries declare their departures.
+
+Fast: reads the registry and the released eval_results.json / index.json, trains nothing.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from zoo.science.expected import check, verdict
+from zoo.science.registry import get_entry
+
+RELEASE = Path(__file__).parents[1] / "release"
+ETA_STAR = 1 / (12 + 3 - 1 / 5)  # Zucchet Table 2's caption: η* = (T + d_x − 1/5)^{-1}, T = 12, d_x = 3
+TABLE_2 = ("gated-rnn-zucchet-icl", "gated-rnn-zucchet-icl-b1")
+# Table 2, RNN column: mean and ± (the 4 seeds' standard deviation)
+PAPER_RNN = {"poly_x1_sq_y1": (6.81e-2, 8.52e-5), "poly_x2_sq_y1": (6.82e-2, 6.40e-5), "poly_x3_sq_y1": (6.82e-2, 5.56e-5)}
+
+
+def released(name: str) -> dict:
+    """A released entry's metrics with the paired GD measurement the index recorded."""
+    metrics = json.loads((RELEASE / name / "eval_results.json").read_text())
+    row = json.loads((RELEASE / "index.json").read_text())["entries"][name]
+    return {**metrics, **(row.get("remeasured") or {})}
+
+
+@pytest.mark.parametrize("name", TABLE_2)
+def test_table_2_coefficients_are_checked_against_one_optimal_gd_step(name):
+    """"match one optimal step of gradient descent": against η*, with a tolerance that the paper's own RNN
+    (its gap to η* plus twice its seeds' spread) passes, and no wider."""
+    entry = get_entry(name)
+    for key, (rnn, sd) in PAPER_RNN.items():
+        exp = entry.expected[key]
+        assert exp.source == "paper" and exp.kind == "within" and exp.log10_tol is None
+        assert exp.value == pytest.approx(ETA_STAR, rel=1e-9), key
+        slack = exp.rel_tol * ETA_STAR
+        assert abs(rnn - ETA_STAR) <= slack <= abs(rnn - ETA_STAR) + 2 * sd + 1e-6, key
+        (c,) = check(entry.model_copy(update={"expected": {key: exp}}), {"polynomial": {key_term(key): rnn}})
+        assert c.status == "meets", (key, c)  # the paper's own RNN meets the paper's claim
+        assert "match one optimal step of gradient descent" in exp.claim
+
+
+def key_term(key: str) -> str:
+    return key[len("poly_"):].replace("_sq_", "^2 ").replace("_", " ")
+
+
+@pytest.mark.parametrize("name", TABLE_2)
+def test_table_2_residual_norm_is_an_upper_bound(name):
+    """"Those coefficients are all vanishingly small": a smaller residual than the paper's is no departure."""
+    entry = get_entry(name)
+    exp = entry.expected["poly_residual_norm"]
+    assert exp.source == "paper" and exp.kind == "at_most" and exp.value == 1.35e-3
+    assert "vanishingly small" in exp.claim
+    (c,) = check(entry.model_copy(update={"expected": {"poly_residual_norm": exp}}), {"polynomial": {"residual norm": 1e-9}})
+    assert c.status == "meets"
+
+
+def test_table_1_kv_score_has_no_input_scale_margin():
+    """A 1 − R² does not scale with the inputs, and Table 1 prints no spread: no ×10 margin."""
+    exp = get_entry("gated-rnn-student-d4").expected["kv_score"]
+    assert exp.kind == "at_most" and exp.log10_tol is None and not exp.rel_tol and exp.value == 4.52e-8
+
+
+def test_released_verdicts_follow_the_claims():
+    """What `zoo release refresh` will grade, from the released numbers."""
+    checks = check(get_entry("gated-rnn-zucchet-icl"), released("gated-rnn-zucchet-icl"))
+    assert verdict(checks) == "meets", [(c.metric, c.status, c.off_by) for c in checks]
+    checks = check(get_entry("gated-rnn-zucchet-icl-b1"), released("gated-rnn-zucchet-icl-b1"))
+    assert {c.metric for c in checks if c.status == "falls short"} == {*PAPER_RNN, "poly_residual_norm"}
+    kv = {c.metric: c for c in check(get_entry("gated-rnn-student-d4"), released("gated-rnn-student-d4"))}["kv_score"]
+    assert kv.status == "falls short" and kv.measured == pytest.approx(1.38e-7, rel=0.01)
+
+
+BLOGPOST_D10 = ["lstm-d10-c10", "bilstm-d10-c10", "lsa-looped-k4-d10-c10", "lsa-looped-k4-undamped-d10-c10",
+                "lsa-gd-d10-c10", "lsa-gd-2step-d10-c10", "lsa-gd-3step-d10-c10", "lsa-d10-c10", "lsa-2l-d10-c10",
+                "softmax-tf-1l-d10-c10"]
+ZUCCHET_COMPARISONS = ["gru-zucchet-icl", "lstm-zucchet-icl", "lru-out-zucchet-icl", "lru-in-out-zucchet-icl",
+                       "lru-in-skip-zucchet-icl", "lru-out-2l-zucchet-icl"]
+
+
+@pytest.mark.parametrize("names, deviation", [
+    (BLOGPOST_D10, "blogpost-task-size"),
+    (ZUCCHET_COMPARISONS, "zucchet-one-width"),
+    ([n for n in ZUCCHET_COMPARISONS if n.startswith("lru")] + ["lru-out-student-d6", "lru-in-out-student-d6"],
+     "lru-nu-decayed"),
+    (list(TABLE_2), "table-2-one-seed"),
+    (["gd-ssm-1d", "gd-ssm-nd"], "gdssm-one-seed"),
+])
+def test_departures_are_declared_on_the_entries_they_apply_to(names, deviation):
+    for name in names:
+        assert deviation in [d.id for d in get_entry(name).deviation], name
+
+
+def test_gated_rnns_nu_exemption_and_the_lrus_decay_are_both_declared():
+    """B.1's one sentence ("all parameters except the recurrent ones λ in the experiment of Section 3.1"):
+    the zoo exempts the gated RNN's ν and decays the LRU's; each card says so."""
+    assert "nu-no-decay" in [d.id for d in get_entry("gated-rnn-zucchet-icl-b1").deviation]
+    (lru,) = [d for d in get_entry("lru-out-zucchet-icl").deviation if d.id == "lru-nu-decayed"]
+    assert "recurrent ones λ" in lru.paper and "nu-no-decay" in lru.zoo
+
+
+@pytest.mark.parametrize("name", ["lsa-looped-k4-d10-c10", "lsa-looped-k4-undamped-d10-c10"])
+def test_looped_entries_cite_the_blogposts_looped_figure(name):
+    """Looping a layer with dampening is the blogpost's Figure 13; Figure 8 is the multi-layer linear transformer."""
+    paper = get_entry(name).paper
+    assert "Figure 13" in paper and "Figure 8" not in paper
