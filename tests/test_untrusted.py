@@ -465,10 +465,11 @@ def test_a_hostile_release_index_is_a_release_error(tmp_path):
         read_index(tmp_path)
 
 
-def test_push_to_hub_refuses_a_repo_without_its_graphs():
-    """The checkpoint layer writes no ONNX: pushing it would publish a repo that cannot stream, so it says how to publish instead."""
+def test_push_to_hub_cannot_write_the_local_hub():
+    """push_to_hub uploads over HTTP (tests/test_conventions.py pushes to a Hub endpoint); the local hub takes no
+    uploads, so a push to it says, in one line, what writes it instead."""
     import zoo
 
     ckpt = zoo.load("lsa-gd-zucchet-icl")
-    with pytest.raises(NotImplementedError, match=r"zoo.storage.save.save_checkpoint.*zoo publish folder --repo me/x"):
-        ckpt.push_to_hub("me/x")
+    with pytest.raises(locate.HubError, match=r"^the local hub takes no uploads.*`zoo publish FOLDER --repo me/x`"):
+        ckpt.push_to_hub("me/x", endpoint="local")

@@ -7,12 +7,15 @@
     *.png                loss curve, weight matrices (the card's figures)
     model_step.onnx, model_chunk.onnx, model.onnx   streaming (token / chunk) and whole-sequence graphs
 
-`Checkpoint` is a huggingface_hub `ModelHubMixin`: `from_pretrained` works as for any Hub library, from a
-folder or a repo id (`Checkpoint.from_pretrained("icl-zoo/lsa-d10-c10")`), and `save_pretrained` writes the
-folder without graphs (and with huggingface_hub's short card); `push_to_hub` is refused, since a repo without its
-step graph cannot stream (publish a built folder with `zoo publish`). Loading verifies every recorded SHA-256
-(zoo.storage.manifest, torch-free), rebuilds the model from the embedded entry and loads the weights with strict key and
-shape checks.
+`Checkpoint` is a huggingface_hub `ModelHubMixin`: `from_pretrained` takes a folder, a repo id or a bare entry
+name (`Checkpoint.from_pretrained("icl-zoo/lsa-d10-c10")`, `Checkpoint.from_pretrained("lsa-d10-c10")`) and
+resolves it exactly as `zoo.load` does (`open_checkpoint`: zoo.storage.locate validates the id, downloads only the
+checkpoint's own files, checks a released entry against the shipped release index, and the model is built from the
+bytes that were hashed). `save_pretrained` writes the folder without ONNX graphs, which this floor cannot write (the
+exporter is above it): its short card and a warning name the graphs left out and `zoo export FOLDER`, which adds
+them. `push_to_hub` uploads such a folder to any Hub endpoint (create_repo + upload_folder), saying the same; the
+local hub is written by `zoo publish`. Loading verifies every recorded SHA-256 (zoo.storage.manifest, torch-free),
+rebuilds the model from the embedded entry and loads the weights with strict key and shape checks.
 
 `Checkpoint.save_files` writes the checkpoint's own files and nothing else: it renders no card and writes no
 ONNX. The whole folder, graphs and card included, is `zoo.storage.save.save_checkpoint`, which takes the
@@ -21,9 +24,13 @@ exporter's graph writer from the floors above (`zoo.running.builder.save(ckpt, f
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import subprocess
+import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -31,13 +38,16 @@ from typing import Callable
 import torch
 from huggingface_hub import ModelHubMixin
 from safetensors.torch import load as safetensors_load
+from safetensors.torch import save as safetensors_save
 from safetensors.torch import save_file
 
 from zoo.science.models import create_model
-from zoo.science.registry import TASK_ADAPTER, Entry, TaskSpec
+from zoo.science.registry import TASK_ADAPTER, Entry, TaskSpec, default_registry, unknown_entry_error
+from zoo.storage.locate import HubError, locate, validate_repo_id
 from zoo.storage.manifest import (  # noqa: F401  (the on-disk contract, re-exported: zoo.storage.checkpoint is where callers look)
     CARD,
     CARD_MARKER,
+    CHUNK_FILE,
     CONFIG,
     CONFIG_HASH_KEY,
     EVAL_RESULTS,
@@ -46,6 +56,8 @@ from zoo.storage.manifest import (  # noqa: F401  (the on-disk contract, re-expo
     HASHED_FILES,
     HISTORY,
     SELF_CONSISTENT,
+    SEQUENCE_FILE,
+    STEP_FILE,
     WEIGHTS,
     CheckpointError,
     VerifiedFolder,
@@ -99,10 +111,55 @@ SHORT_CARD = """---
 {{ card_data }}
 ---
 
-An [icl-zoo]({{ repo_url }}) checkpoint saved with `save_pretrained`: weights, config.json and eval_results.json,
-without ONNX graphs. Load it with `zoo.load(folder)` or `Checkpoint.from_pretrained(folder)`; `zoo export folder`
-adds the graphs and the full model card.
+An [icl-zoo]({{ repo_url }}) checkpoint saved with `save_pretrained`: weights, config.json and eval_results.json.
+
+**Left out: {{ left_out }}** (ONNX graphs, which the saving layer cannot write). Without them the checkpoint loads
+in PyTorch but cannot stream or run in ONNX Runtime. `zoo export FOLDER` adds them and the full model card;
+`zoo publish FOLDER --repo ORG/NAME` then publishes the complete repo.
+Load it with `zoo.load(folder)`, `zoo.from_pretrained(folder)` or `Checkpoint.from_pretrained(folder)`.
 """
+
+
+def open_checkpoint(path_or_repo, *, revision: str | None = None, endpoint: str | None = None,
+                    map_location: str | torch.device = "cpu", **download) -> Checkpoint:
+    """The one loading path (`zoo.load`, `zoo.from_pretrained`, `Checkpoint.from_pretrained`): a local folder, a
+    Hub repo id `ORG/NAME` or a bare registry entry name, located by zoo.storage.locate (the id validated, only the
+    checkpoint's own files downloaded, a released entry checked against the shipped release index) and built from
+    the bytes that were hashed. `download`: cache_dir, token, force_download, local_files_only."""
+    verified = locate(path_or_repo, revision=revision, endpoint=endpoint, names=default_registry().entries,
+                      unknown=unknown_entry_error, **download)
+    return read_checkpoint(verified, map_location)
+
+
+def state_sha256(model: torch.nn.Module) -> str:
+    """SHA-256 of a module's weights (safetensors bytes without metadata): whether they changed since loading."""
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    return hashlib.sha256(safetensors_save(state)).hexdigest()
+
+
+def _module_checkpoint(model: torch.nn.Module, record: dict) -> Checkpoint:
+    """The checkpoint a module `zoo.from_pretrained` returned saves through: its loaded checkpoint (`record`, see
+    `Checkpoint.pretrained_module`) with the module's current weights. Weights changed since loading (fine-tuned)
+    no longer have the loaded metrics: those are dropped, not copied."""
+    entry = record["entry"]
+    fields = {"metrics": record["metrics"], "history": record["history"], "provenance": record["provenance"]}
+    if state_sha256(model) != record["weights_sha256"]:
+        warnings.warn(f"the weights of {entry.name} changed since they were loaded: saving them without the loaded "
+                      "metrics and training history (`zoo eval FOLDER` measures the new weights)", UserWarning, stacklevel=3)
+        fields = {"metrics": {}, "history": [], "provenance": {**record["provenance"], "changed_after_loading": {
+            "from_weights_sha256": record["weights_sha256"]}}}
+    return Checkpoint(model=model, entry=entry, task_spec=TASK_ADAPTER.validate_python(record["task"]),
+                      construction=record["construction"], **fields)
+
+
+def _module_save_pretrained(model, record, save_directory, **kwargs):
+    """`model.save_pretrained(folder)` of a module `zoo.from_pretrained` returned (see `Checkpoint.pretrained_module`)."""
+    return _module_checkpoint(model, record).save_pretrained(save_directory, **kwargs)
+
+
+def _module_push_to_hub(model, record, repo_id, **kwargs):
+    """`model.push_to_hub(repo_id)` of a module `zoo.from_pretrained` returned (see `Checkpoint.pretrained_module`)."""
+    return _module_checkpoint(model, record).push_to_hub(repo_id, **kwargs)
 
 
 @dataclass
@@ -139,16 +196,44 @@ class Checkpoint(
                 tokens = tokens.to(device=param.device, dtype=param.dtype)
             return self.model.predict(tokens)
 
+    def pretrained_module(self) -> torch.nn.Module:
+        """The model, in eval mode, as `zoo.from_pretrained` returns it: a plain `torch.nn.Module` that also saves
+        itself back through this checkpoint, `model.save_pretrained(folder)` (then `zoo.from_pretrained(folder)`
+        gives the same outputs) and `model.push_to_hub(repo_id)`. They are functools.partial of module-level
+        functions over a plain record of this checkpoint (the task as its JSON), so the module still pickles
+        (`torch.save(model)`) and deep-copies. Weights changed since loading are saved without the loaded metrics."""
+        model = self.model.eval()
+        record = {"entry": self.entry, "task": self.task_spec.model_dump(mode="json"), "provenance": self.provenance,
+                  "construction": self.construction, "metrics": self.metrics, "history": self.history,
+                  "weights_sha256": state_sha256(model)}
+        model.save_pretrained = functools.partial(_module_save_pretrained, model, record)
+        model.push_to_hub = functools.partial(_module_push_to_hub, model, record)
+        return model
+
     # ------------------------------------------------------------- save
+    def graphs_left_out(self) -> list[str]:
+        """The ONNX graphs a complete checkpoint of this model has and `save_pretrained` does not write:
+        model.onnx, and model_step.onnx + model_chunk.onnx when the model is recurrent."""
+        return [SEQUENCE_FILE, *((STEP_FILE, CHUNK_FILE) if getattr(self.model, "recurrent", False) else ())]
+
+    def generate_model_card(self, *args, **kwargs):
+        """huggingface_hub's short card (SHORT_CARD), naming the graphs this save leaves out."""
+        kwargs.setdefault("left_out", ", ".join(self.graphs_left_out()))
+        return super().generate_model_card(*args, **kwargs)
+
     def _save_pretrained(self, save_directory: Path) -> None:
-        """`save_pretrained` (huggingface_hub): the folder without ONNX graphs; huggingface_hub then writes its
-        short card where the folder has none. A generated zoo card left from an earlier save describes other
-        files (graphs this save removes), so it goes; a hand-written README.md stays. The full Hub repo folder,
-        graphs and card included, is `zoo.running.builder.save(ckpt, folder)` (`zoo export`)."""
+        """`save_pretrained` (huggingface_hub): the folder without ONNX graphs, which this floor cannot write (the
+        exporter is above it): a warning names them and `zoo export FOLDER`, and huggingface_hub then writes the
+        short card, which says the same, where the folder has none. A generated zoo card left from an earlier
+        save describes other files (graphs this save removes), so it goes; a hand-written README.md stays. The
+        full Hub repo folder, graphs and card included, is `zoo.running.builder.save(ckpt, folder)` (`zoo export`)."""
         self.save_files(save_directory)
         card = Path(save_directory) / CARD
         if card.is_file() and not card.is_symlink() and CARD_MARKER in card.read_text(errors="replace"):
             card.unlink()
+        warnings.warn(f"save_pretrained wrote {save_directory} without {', '.join(self.graphs_left_out())} (ONNX graphs: "
+                      f"the checkpoint loads in PyTorch but cannot stream); `zoo export {save_directory}` adds them",
+                      UserWarning, stacklevel=3)
 
     def save_files(self, folder: Path, *, graphs: Callable[[Checkpoint, Path], object] | None = None) -> Path:
         """Write the checkpoint's own files into `folder`: weights, `graphs(self, folder)` (the export layer's
@@ -184,26 +269,62 @@ class Checkpoint(
         write_config(folder, core)
         return folder
 
-    def push_to_hub(self, repo_id: str, **_kwargs):
-        raise NotImplementedError(
-            f"a zoo checkpoint is published with its ONNX graphs, which this layer does not write: "
-            f"`zoo.running.builder.save(ckpt, folder)` (zoo.storage.save.save_checkpoint with the exporter's graphs), then "
-            f"`zoo publish folder --repo {repo_id} --hub hf`"
-        )
+    def push_to_hub(self, repo_id: str, *, endpoint: str | None = None, token: str | None = None,
+                    private: bool | None = None, commit_message: str | None = None, branch: str | None = None,
+                    create_pr: bool | None = None, config=None, model_card_kwargs: dict | None = None, **_kwargs):
+        """ModelHubMixin's `push_to_hub`, to any Hub endpoint (`endpoint`, default HF_ENDPOINT or huggingface.co):
+        `HfApi(endpoint).create_repo(exist_ok=True)`, then `upload_folder` of a `save_pretrained` folder. That folder
+        has no ONNX graphs (a warning and its card name them): for the complete repo, `zoo export FOLDER` then
+        `zoo publish FOLDER --repo ORG/NAME --hub URL`. The local hub (`zoo hub serve`) is read-only over HTTP:
+        `zoo publish FOLDER --repo ORG/NAME` writes it. Returns upload_folder's CommitInfo."""
+        from huggingface_hub import HfApi
+        from huggingface_hub.errors import HfHubHTTPError
+
+        validate_repo_id(repo_id)
+        local = (f"the local hub takes no uploads over HTTP: save the checkpoint (`zoo export FOLDER` adds the graphs) "
+                 f"and `zoo publish FOLDER --repo {repo_id}` writes it into the local hub")
+        if endpoint == "local":
+            raise HubError(local)
+        api = HfApi(endpoint=endpoint, token=token)
+        try:
+            api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+        except HfHubHTTPError as e:
+            if e.response is not None and e.response.status_code == 405:  # `zoo hub serve`: GET/HEAD only
+                raise HubError(f"{endpoint or api.endpoint} is read-only; {local}") from None
+            raise
+        left_out = ", ".join(self.graphs_left_out())
+        with tempfile.TemporaryDirectory(prefix="icl-zoo-push-") as tmp:
+            folder = Path(tmp) / repo_id.split("/")[1]
+            self.save_pretrained(folder, model_card_kwargs=model_card_kwargs)
+            return api.upload_folder(repo_id=repo_id, repo_type="model", folder_path=folder, revision=branch,
+                                     create_pr=create_pr,
+                                     commit_message=commit_message or f"Push {self.entry.name} with icl-zoo "
+                                                                      f"save_pretrained (without {left_out})")
 
     # ------------------------------------------------------------- load
     @classmethod
-    def _from_pretrained(cls, *, model_id: str, revision=None, cache_dir=None, force_download=False,
-                         local_files_only=False, token=None, **_config_fields) -> "Checkpoint":
-        """huggingface_hub's `from_pretrained`: a folder, or a Hub repo downloaded by huggingface_hub itself
-        (which validates the repo id); either way every file is hash-checked before a model is built."""
-        folder = Path(model_id)
-        if not folder.is_dir():
-            from huggingface_hub import snapshot_download
+    def from_pretrained(cls, pretrained_model_name_or_path, *, revision: str | None = None, endpoint: str | None = None,
+                        cache_dir=None, token=None, force_download: bool = False, local_files_only: bool = False,
+                        map_location: str | torch.device = "cpu", **model_kwargs) -> Checkpoint:
+        """A folder, a Hub repo id `ORG/NAME` or a bare entry name, resolved as `zoo.load` resolves it
+        (`open_checkpoint`). Overrides ModelHubMixin's, which would download and parse config.json itself (no
+        size or depth cap, every repo file fetchable) before this class could check it. `endpoint`: the Hub
+        (default HF_ENDPOINT); `revision`, `cache_dir`, `token`, `force_download`, `local_files_only` as for
+        any Hub library. Nothing in config.json overrides the checkpoint, so no other keyword is taken."""
+        if model_kwargs:
+            raise TypeError(f"Checkpoint.from_pretrained() got unexpected keyword arguments {sorted(model_kwargs)}")
+        return cls._from_pretrained(model_id=str(pretrained_model_name_or_path), revision=revision, endpoint=endpoint,
+                                    cache_dir=cache_dir, token=token, force_download=force_download,
+                                    local_files_only=local_files_only, map_location=map_location)
 
-            folder = Path(snapshot_download(model_id, revision=revision, cache_dir=cache_dir, token=token,
-                                            force_download=force_download, local_files_only=local_files_only))
-        return read_checkpoint(folder)
+    @classmethod
+    def _from_pretrained(cls, *, model_id: str, revision=None, cache_dir=None, force_download=False,
+                         local_files_only=False, token=None, endpoint=None, map_location="cpu",
+                         **_config_fields) -> Checkpoint:
+        """huggingface_hub's hook, kept for callers of the mixin's protocol: `open_checkpoint`."""
+        return open_checkpoint(model_id, revision=revision, endpoint=endpoint, map_location=map_location,
+                               cache_dir=cache_dir, token=token, force_download=force_download,
+                               local_files_only=local_files_only)
 
 
 def read_checkpoint(folder: Path | VerifiedFolder, map_location: str | torch.device = "cpu") -> Checkpoint:

@@ -14,10 +14,11 @@ def load(path_or_repo, *, revision: str | None = None, endpoint: str | None = No
     A released entry, by bare name or as `icl-zoo/<entry>` at any revision, must match the shipped
     `release/index.json` file for file, or is refused; anything else is checked only against its own
     config.json. `ckpt.trust` says which ("verified against release v…" or "self-consistent, not
-    checked against a release")."""
-    from zoo.science.registry import default_registry, unknown_entry_error
-    from zoo.storage.checkpoint import read_checkpoint
-    from zoo.storage.locate import locate
+    checked against a release").
 
-    return read_checkpoint(locate(path_or_repo, revision=revision, endpoint=endpoint,
-                                  names=default_registry().entries, unknown=unknown_entry_error))
+    The same resolver as `Checkpoint.from_pretrained` (zoo.storage.checkpoint.open_checkpoint): the id validated,
+    only the checkpoint's own files downloaded, the trust root checked, each file parsed from the hashed bytes."""
+    # deferred: zoo.storage.checkpoint imports torch, and importing this module loads none
+    from zoo.storage.checkpoint import open_checkpoint
+
+    return open_checkpoint(path_or_repo, revision=revision, endpoint=endpoint)

@@ -6,14 +6,20 @@ file against it ("verified against release vX"); anything else is checked only a
 config.json ("self-consistent, not checked against a release"). `locate` returns the files it
 read and hashed, so that what is parsed is what was checked.
 
+From a hub, only the checkpoint's own files are ever fetched: the repo's file list is read first, and a
+released entry's repo holding a file its index row does not list is refused before anything is downloaded;
+any other repo is downloaded with exactly its top-level checkpoint files (`CHECKPOINT_PATTERNS`).
+
 No torch, no registry: the streaming runtime (export) locates with this module alone;
-`zoo.load` passes the registry's entry names, so that a registry entry that is not released gets
-the registry's error.
+`zoo.load` and `Checkpoint.from_pretrained` (zoo.storage.checkpoint.open_checkpoint) pass the registry's
+entry names, so that a registry entry that is not released gets the registry's error.
 """
 
 from __future__ import annotations
 
 import difflib
+import fnmatch
+import glob
 import json
 import os
 import re
@@ -64,13 +70,55 @@ CHECKPOINT_PATTERNS = [CONFIG, WEIGHTS, EVAL_RESULTS, HISTORY, *GRAPH_FILES, "RE
 
 
 def resolve_folder(repo_id: str, *, revision: str | None = None, endpoint: str | None = None,
-                   cache_dir=None, token=None, allow_patterns: list[str] | None = None) -> Path:
+                   cache_dir=None, token=None, allow_patterns: list[str] | None = None,
+                   force_download: bool = False, local_files_only: bool = False) -> Path:
     """The snapshot folder of Hub model repo `repo_id` (downloaded with huggingface_hub)."""
     from huggingface_hub import snapshot_download
 
     validate_repo_id(repo_id)
     return Path(snapshot_download(repo_id, revision=revision, endpoint=endpoint, cache_dir=cache_dir, token=token,
-                                  allow_patterns=allow_patterns))
+                                  allow_patterns=allow_patterns, force_download=force_download,
+                                  local_files_only=local_files_only))
+
+
+def repo_files(repo_id: str, *, revision: str | None = None, endpoint: str | None = None, token=None) -> list[str]:
+    """The paths of every file in Hub model repo `repo_id` at `revision`, read from the hub's file list
+    (model_info's siblings): nothing is downloaded."""
+    from huggingface_hub import HfApi
+
+    info = HfApi(endpoint=endpoint, token=token).model_info(validate_repo_id(repo_id), revision=revision)
+    return [s.rfilename for s in info.siblings or []]
+
+
+def is_checkpoint_file(path: str) -> bool:
+    """A top-level file a checkpoint may hold (`CHECKPOINT_PATTERNS`); nothing in a sub-folder."""
+    return "/" not in path and any(fnmatch.fnmatchcase(path, p) for p in CHECKPOINT_PATTERNS)
+
+
+def download_checkpoint(repo_id: str, *, row: dict | None = None, source: str | None = None,
+                        version: str | None = None, revision: str | None = None, endpoint: str | None = None,
+                        **download) -> Path:
+    """The snapshot folder of a checkpoint repo holding only the checkpoint's own files, filtered before
+    anything is fetched. `row`: the release index row of a released entry; a repo with a file the row does
+    not list is refused (ReleaseError naming `source`) with nothing downloaded, and only the row's files are
+    fetched. Otherwise exactly the repo's top-level checkpoint files (`is_checkpoint_file`) are fetched.
+    `download`: cache_dir, token, force_download, local_files_only (then no file list is read: the cache
+    holds only what an earlier call let through, and the checks that follow see the folder). `endpoint`: default
+    HF_ENDPOINT as set now, so that the file list and the files come from the same hub."""
+    validate_repo_id(repo_id)
+    endpoint = endpoint or os.environ.get("HF_ENDPOINT", "").rstrip("/") or None
+    wanted = (lambda f: f in row["files"]) if row is not None else is_checkpoint_file
+    if download.get("local_files_only"):
+        names = list(row["files"]) if row is not None else CHECKPOINT_PATTERNS
+        return resolve_folder(repo_id, revision=revision, endpoint=endpoint, allow_patterns=names, **download)
+    listed = repo_files(repo_id, revision=revision, endpoint=endpoint, token=download.get("token"))
+    extra = sorted(f for f in listed if not wanted(f) and f != ".gitattributes")
+    if row is not None and extra:
+        shown = ", ".join(extra[:8]) + (f" and {len(extra) - 8} more" if len(extra) > 8 else "")
+        raise ReleaseError(f"{source or repo_id} is not the released {row['entry']} of icl-zoo {version} (it holds files "
+                           f"the release index does not list: {shown}; refusing it, nothing was downloaded)")
+    names = [glob.escape(f) for f in listed if wanted(f)]  # exact names, as patterns: '[' in a name stays itself
+    return resolve_folder(repo_id, revision=revision, endpoint=endpoint, allow_patterns=names, **download)
 
 
 def release_dir() -> Path:
@@ -184,14 +232,17 @@ def check_card(verified: VerifiedFolder, reader: FileReader) -> VerifiedFolder:
     return verified
 
 
-def _fetch_released(name: str, index: dict, *, revision: str | None, endpoint: str | None) -> tuple[Path, str]:
+def _fetch_released(name: str, index: dict, *, revision: str | None, endpoint: str | None,
+                    **download) -> tuple[Path, str]:
     """(folder, where it came from) of released entry `name`: from the configured Hub (`endpoint`, or
     HF_ENDPOINT) as `icl-zoo/<name>` (at the release tag unless `revision` says otherwise), else the
     release shipped with the package. Whichever: it is then checked against the shipped index."""
     endpoint = endpoint or os.environ.get("HF_ENDPOINT")
     if endpoint:
         revision = revision or index["version"]
-        return resolve_folder(f"{ORG}/{name}", revision=revision, endpoint=endpoint), f"{ORG}/{name}@{revision} from {endpoint}"
+        source = f"{ORG}/{name}@{revision} from {endpoint}"
+        return download_checkpoint(f"{ORG}/{name}", row=index["entries"][name], source=source, version=index["version"],
+                                   revision=revision, endpoint=endpoint, **download), source
     return release_dir() / name, None
 
 
@@ -206,8 +257,14 @@ def unknown_name_error(name: str, names: Collection[str]) -> ReleaseError:
     return ReleaseError(f"{name!r} is neither a folder, nor a Hub repo id ORG/NAME, nor a released entry{hint}")
 
 
+def looks_like_path(text: str) -> bool:
+    """A path a person typed (./x, ../x, /x, ~/x, a/b/c, x\\y), never a repo id ORG/NAME or a bare name."""
+    return text.startswith((".", "/", "~")) or text.count("/") > 1 or "\\" in text
+
+
 def locate(path_or_repo: str | Path, *, revision: str | None = None, endpoint: str | None = None,
-           names: Collection[str] | None = None, unknown: Callable[[str], Exception] | None = None) -> VerifiedFolder:
+           names: Collection[str] | None = None, unknown: Callable[[str], Exception] | None = None,
+           **download) -> VerifiedFolder:
     """A checkpoint from a local folder, a Hub repo id `ORG/NAME` or a bare entry name, read and checked.
 
     The shipped `release/index.json` is the trust root for every released entry, whatever the path: a
@@ -217,9 +274,11 @@ def locate(path_or_repo: str | Path, *, revision: str | None = None, endpoint: s
     from another repo only the checkpoint's own files are downloaded.
 
     `names`: the bare names that mean a released checkpoint (default: the shipped index's entries;
-    zoo.load passes the registry's). `unknown(name)`: the error for any other bare name."""
-    folder = Path(path_or_repo)
+    zoo.load passes the registry's). `unknown(name)`: the error for any other bare name. `download`:
+    cache_dir, token, force_download, local_files_only for a repo on a hub (huggingface_hub's meaning).
+    A path that is no folder here (./x, /x/y, a/b/c) fails at once: it is never asked of a hub."""
     text = str(path_or_repo)
+    folder = Path(text).expanduser() if text.startswith("~") else Path(path_or_repo)
     index = read_index()
     names = index["entries"] if names is None else names
     if "/" not in text and text in names:  # a bare entry name: the released checkpoint
@@ -230,18 +289,23 @@ def locate(path_or_repo: str | Path, *, revision: str | None = None, endpoint: s
         if row is None:
             raise ReleaseError(f"{text!r} is a registry entry but not in the release shipped with this package "
                                f"({release_dir()}); build it with `zoo release build --only {text}` or `zoo build {text}`")
-        folder, source = _fetch_released(text, index, revision=revision, endpoint=endpoint)
+        folder, source = _fetch_released(text, index, revision=revision, endpoint=endpoint, **download)
         return verify_release(folder, row, index["version"], source=source)
     if folder.is_dir():
         return verify_local(folder, index)
+    if looks_like_path(text):
+        what = "not a folder" if folder.exists() else "no such folder"
+        raise HubError(f"{what}: {text} (a path, so not looked up as a repo id ORG/NAME or an entry name)")
     if "/" not in text:
         raise unknown(text) if unknown is not None else unknown_name_error(text, names)
     org, name = validate_repo_id(text).split("/")
     row = index["entries"].get(name) if org.lower() == ORG else None
-    if row is not None:  # a released entry's repo: all of it, so that a file the release does not list is refused
-        folder = resolve_folder(text, revision=revision, endpoint=endpoint)
-        return verify_release(folder, row, index["version"], source=f"{text}@{revision or 'main'}")
-    folder = resolve_folder(text, revision=revision, endpoint=endpoint, allow_patterns=CHECKPOINT_PATTERNS)
+    if row is not None:  # a released entry's repo: a file the release does not list is refused before any download
+        source = f"{text}@{revision or 'main'}"
+        folder = download_checkpoint(text, row=row, source=source, version=index["version"], revision=revision,
+                                     endpoint=endpoint, **download)
+        return verify_release(folder, row, index["version"], source=source)
+    folder = download_checkpoint(text, revision=revision, endpoint=endpoint, **download)
     reader = FileReader(folder)
     return check_card(verify_files(folder, reader=reader), reader)
 
