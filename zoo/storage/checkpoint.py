@@ -28,6 +28,7 @@ import functools
 import hashlib
 import json
 import os
+import platform
 import subprocess
 import tempfile
 import warnings
@@ -87,20 +88,36 @@ def save_weights(state: dict, path: Path, *, config_sha256: str) -> None:
         f.write(canonical + b" " * (n - len(canonical)))
 
 
+SOURCES = ("zoo", "export", "model_cards", "pyproject.toml")  # what a checkpoint's code and card come from
+
+
 def git_commit() -> str:
-    """HEAD of the source tree this code runs from, with "-dirty" when tracked files outside
-    `release/` differ from it (the built checkpoint then comes from uncommitted code). A copy of the
-    tree without its .git folder (a GPU machine's) is "unknown" unless ICL_ZOO_COMMIT names the commit
-    it was copied from (scripts/gpu_paper_length_runs.sh sets it)."""
-    here = Path(__file__).parents[1]  # the package folder, zoo/
+    """HEAD of the source tree this code runs from. Where the sources (SOURCES: tracked changes and untracked,
+    not ignored files, e.g. a new family file not yet committed) differ from it, "<sha>-dirty-<12 hex>": the hex
+    is a SHA-256 of those differences (the diff and the untracked files' bytes), so a checkpoint built from
+    uncommitted code says so and which code it was. A copy of the tree without its .git folder (a GPU machine's)
+    is "unknown" unless ICL_ZOO_COMMIT names the commit it was copied from (scripts/gpu_paper_length_runs.sh
+    sets it)."""
+    root = Path(__file__).parents[2]  # the source tree: zoo/storage/checkpoint.py → the checkout
     fallback = os.environ.get("ICL_ZOO_COMMIT") or "unknown"
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, timeout=10)
+
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
-        if out.returncode != 0:
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0:
             return fallback
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)release"],
-                                cwd=here.parent, capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() + ("-dirty" if status.returncode == 0 and status.stdout.strip() else "")
+        sha = head.stdout.decode().strip()
+        status = git("status", "--porcelain", "--untracked-files=all", "-z", "--", *SOURCES)
+        if status.returncode != 0 or not status.stdout.strip(b"\0"):
+            return sha
+        digest = hashlib.sha256(git("diff", "HEAD", "--binary", "--", *SOURCES).stdout)
+        for record in sorted(status.stdout.split(b"\0")):
+            if record.startswith(b"?? "):  # an untracked file: its path and bytes
+                path = root / record[3:].decode(errors="surrogateescape")
+                digest.update(record + (path.read_bytes() if path.is_file() and not path.is_symlink() else b""))
+        return f"{sha}-dirty-{digest.hexdigest()[:12]}"
     except (OSError, subprocess.SubprocessError):
         return fallback
 
@@ -388,6 +405,20 @@ def provenance(seed: int | None, steps: int | None, device: str, dataset_hashes:
         "seed": seed,
         "steps": steps,
         "device": device,
+        "device_name": device_name(device),
         "threads": torch.get_num_threads() if device == "cpu" else None,
         "dataset_hashes": dataset_hashes,
     }
+
+
+def device_name(device: str) -> str:
+    """What ran it, in words: the GPU's name (e.g. "NVIDIA H200") for a CUDA device, else the CPU's model."""
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"

@@ -181,7 +181,7 @@ def index_markdown(index: dict) -> str:
         device = r["device"] + (f" ({r['threads']} thr)" if r.get("threads") else "")
         checks = "<br>".join(_check_cell(c) for c in r["checks"]) or "—"
         commit = r["commit"] or "unknown"
-        commit = commit[:10] + ("-dirty" if commit.endswith("-dirty") else "") + ("" if current.get(r["entry"], True) else " *stale*")
+        commit = commit[:10] + ("-dirty" if "-dirty" in commit else "") + ("" if current.get(r["entry"], True) else " *stale*")
         gd = f"{_fmt(r['gd_loss'])} ({r['gd_steps']})" if r.get("gd_loss") is not None else "—"
         departures = "; ".join(r.get("deviations") or []) or "—"
         lines.append(f"| [{r['entry']}]({r['entry']}/README.md) | `{r.get('arch', r['family'])}` ({r['family']}) | {r['paper']} | {r['source']} | {steps} | "
