@@ -9,13 +9,16 @@ A text line longer than a token of d_in numbers can take is refused before it is
 
 Outputs: CSV rows on stdout as they are computed, or a .npy / CSV file written beside its target
 and renamed onto it only when the stream ends well (a failed or interrupted run leaves no file,
-and an existing one as it was). A saved state (.npz) is checked against the graph's state names
-and shapes from its headers before any array is read.
+and an existing one as it was). A .npy output's blocks are allocated before it is memory-mapped: a
+full disk is a one-line error naming the file, never a SIGBUS. A saved state (.npz) is checked
+against the graph's state names and shapes from its headers before any array is read, and its values
+are refused when non-finite, as tokens are (`nan="pass"` restores them as they are).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -202,6 +205,47 @@ def _default_mode() -> int:
     return 0o666 & ~mask
 
 
+def write_error(target, e: OSError) -> TokenError:
+    """An OSError while writing `target`, said in one line that names it (a full disk, a quota, a read-only
+    file system)."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return TokenError(f"{target}: no space left on its disk to write it ({e.strerror}); nothing was written")
+    return TokenError(f"{target}: cannot write it ({e.strerror or e})")
+
+
+def _allocated_npy(path: Path, shape: tuple[int, ...], target) -> np.memmap:
+    """A float32 .npy of `shape` at `path` (an empty file), its blocks allocated on the disk before it is
+    memory-mapped: writing into a map whose page finds no space is a SIGBUS that kills the process (no
+    except, no finally: the .part file stays); an allocation that finds none is an OSError, said here."""
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)), "fortran_order": False,
+              "shape": tuple(int(d) for d in shape)}
+    try:
+        with open(path, "r+b") as f:
+            np.lib.format.write_array_header_1_0(f, header)
+            size = f.tell() + int(np.prod(shape, dtype=np.int64)) * 4
+            f.flush()
+            _allocate(f.fileno(), size)
+        return np.lib.format.open_memmap(path, mode="r+")
+    except OSError as e:
+        raise write_error(target, e) from None
+
+
+def _allocate(fd: int, size: int) -> None:
+    """Reserve `size` bytes of disk for `fd` (posix_fallocate; where a file system cannot, zeros written)."""
+    fallocate = getattr(os, "posix_fallocate", None)
+    if fallocate is not None:
+        try:
+            fallocate(fd, 0, size)
+            return
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                raise
+    zeros = bytes(1 << 20)
+    offset = os.lseek(fd, 0, os.SEEK_END)
+    while offset < size:
+        offset += os.pwrite(fd, zeros[: min(len(zeros), size - offset)], offset)
+
+
 class PendingFile:
     """A file written under a temporary name beside `target` (symlinks followed, as open() would) and
     renamed onto it by commit(): the target holds its old contents or the whole new file, never a
@@ -278,7 +322,7 @@ class OutputWriter:
             if self.pending.direct:
                 raise TokenError(f"{target}: .npy output must go to a regular file")
             try:
-                self.npy = np.lib.format.open_memmap(self.pending.path, mode="w+", dtype=np.float32, shape=shape)
+                self.npy = _allocated_npy(self.pending.path, shape, target)
             except BaseException:
                 self.pending.discard()
                 raise
@@ -286,6 +330,9 @@ class OutputWriter:
             self.pending = PendingFile(target)
             try:
                 self.out = open(self.pending.path, "w")  # noqa: SIM115 - open until close() or abort()
+            except OSError as e:
+                self.pending.discard()
+                raise write_error(target, e) from None
             except BaseException:
                 self.pending.discard()
                 raise
@@ -295,6 +342,15 @@ class OutputWriter:
 
     def write(self, values: np.ndarray, *, flush: bool = False) -> None:
         """values (B, T, k)."""
+        if self.pending is None or self.pending.direct:
+            self._write(values, flush=flush)
+            return
+        try:
+            self._write(values, flush=flush)
+        except OSError as e:  # a full disk: one line naming the file
+            raise write_error(self.target, e) from None
+
+    def _write(self, values: np.ndarray, *, flush: bool) -> None:
         if self.npy is not None:
             self.npy[:, self.t : self.t + values.shape[1]] = values
         else:
@@ -306,6 +362,14 @@ class OutputWriter:
 
     def close(self) -> None:
         """Finish the output: a file is renamed onto its target only now."""
+        try:
+            self._close()
+        except OSError as e:
+            if self.pending is None or self.pending.direct:
+                raise
+            raise write_error(self.target, e) from None
+
+    def _close(self) -> None:
         if self.npy is not None:
             self.npy.flush()
             self.npy = None
@@ -332,11 +396,15 @@ class OutputWriter:
                 self.pending.discard()
 
 
-def read_state(path: str, expected: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+def read_state(path: str, expected: dict[str, tuple[int, ...]], *, nan: str = "refuse") -> dict[str, np.ndarray]:
     """A state saved by `zoo stream --state-out` (.npz), checked against the graph's state names and
     shapes (`expected`) from the zip directory and each member's .npy header before any array is
     read: a file that does not fit is refused at the cost of its headers, and one that fits costs
-    the state's own size. Members are real-number arrays (never pickles, never object dtypes)."""
+    the state's own size. Members are real-number arrays (never pickles, never object dtypes).
+    Non-finite values (NaN, ±inf) are refused as non-finite tokens are (`nan="refuse"`), or restored
+    as they are (`nan="pass"`)."""
+    if nan not in ("refuse", "pass"):
+        raise ValueError(f"nan must be 'refuse' or 'pass', got {nan!r}")
     try:
         info = os.stat(path)
     except OSError as e:
@@ -382,6 +450,10 @@ def read_state(path: str, expected: dict[str, tuple[int, ...]]) -> dict[str, np.
                         raise TokenError(f"{path}: array {name!r} holds {'more' if len(data) > size else 'fewer'} "
                                          f"bytes than its header's {shape} {dtype}")
                 state[name] = np.frombuffer(data, dtype).reshape(shape, order="F" if fortran else "C").copy()
+                if nan == "refuse" and not np.isfinite(state[name]).all():
+                    at = tuple(int(i) for i in np.argwhere(~np.isfinite(state[name]))[0])
+                    raise TokenError(f"{path}: state {name!r} holds a non-finite value (NaN or inf) at {at}; "
+                                     "pass --nan pass to restore it anyway")
     except TokenError:
         raise
     except (zipfile.BadZipFile, zlib.error, ValueError, EOFError, OSError, NotImplementedError) as e:

@@ -101,7 +101,8 @@ def test_an_export_killed_by_sigkill_is_undone_by_the_next_save(tmp_path):
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == -9, run.stderr
     assert snapshot(folder) == before and zoo.load(folder).entry.name == A
-    assert len(leftovers(folder)) == 1  # the killed writer's staged folder, removed by the next save
+    # the killed writer's lock file and staged folder, taken over and removed by the next save
+    assert len(leftovers(folder)) == 2 and leftovers(folder)[0] == ".ckpt.lock"
     assert main(["export", str(folder)]) == 0 and leftovers(folder) == []
 
 
@@ -182,11 +183,13 @@ def test_export_out_refuses_another_entrys_checkpoint_unless_forced(tmp_path, ca
 def test_build_refuses_an_unreadable_config_and_rebuilds_its_own_entry(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    (out / "config.json").write_text("{")  # someone's file, or a checkpoint this zoo cannot read
-    with pytest.raises(ValueError, match="cannot read.*--force"):
-        zoo.build(A, out, progress=False)
+    (out / "config.json").write_text("{")  # someone's file: a zoo save never leaves a half-written config.json
+    for force in (False, True):  # --force replaces only a zoo checkpoint (tests/test_hostile_paths.py)
+        with pytest.raises(ValueError, match="not a zoo checkpoint's.*--force or not"):
+            zoo.build(A, out, progress=False, force=force)
     assert (out / "config.json").read_text() == "{"
-    zoo.build(A, out, progress=False, force=True)
+    (out / "config.json").unlink()  # its owner clears the folder
+    zoo.build(A, out, progress=False)
     (out / "notes.txt").write_text("mine")
     zoo.build(A, out, progress=False)  # the same entry again: a rebuild, no --force needed
     assert zoo.load(out).entry.name == A and (out / "notes.txt").read_text() == "mine"

@@ -47,7 +47,7 @@ def test_release_build_trains_compiled_within_its_budget_and_constructs(tmp_path
                                   progress=True, compiled=False)
     assert len(made) == 2  # the seed's model, which decides the training mode and is trained, and the rate probe's
     shown = capsys.readouterr()
-    assert "building fast-weight-triples" in shown.out
+    assert "started fast-weight-triples (" in shown.out  # make_entry_announced: where and how long
     steps = eager["entries"]["fast-weight-triples"]["steps"]
     assert f"{steps}/{steps}" in shown.err  # tqdm's bar at the end of the run
     config = json.loads((tmp_path / "eager" / "fast-weight-triples" / "config.json").read_text())

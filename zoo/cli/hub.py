@@ -76,7 +76,8 @@ def cmd_hub_serve(args) -> int:
         if args.port:  # a busy port is refused before the release is imported (minutes the first time)
             hub.check_port_free(args.port)
         if not args.no_release:
-            prepare(root)  # once per release (progress shown); reused while the release is unchanged
+            with hub.preparing(root):  # one preparation of a folder at a time; a second server waits for it
+                prepare(root)  # once per release (progress shown); reused while the release is unchanged
         proc, endpoint = hub.start_server(root, args.port)
         print(f"serving the local hub {root} at {endpoint}", flush=True)
         print(f"  export HF_ENDPOINT={endpoint}    # then huggingface_hub / datasets / zoo use it", flush=True)

@@ -15,18 +15,21 @@ from zoo.cli.output import add_command
 def cmd_export(args) -> int:
     # deferred: these import torch
     from zoo.running.builder import claim_out, save
+    from zoo.storage.atomic import recover_folder, writing
     from zoo.storage.save import not_zoo_file
 
+    recover_folder(args.path)  # a checkpoint that a killed save left renamed aside is read where it was
     ckpt = zoo.load(args.path, revision=args.revision, endpoint=args.endpoint)
     local = Path(args.path).is_dir()
     out = Path(args.out) if args.out else (Path(args.path) if local else Path("exported") / ckpt.entry.name)
-    # Another run's checkpoint in --out is replaced only with --force, and then entirely; in place, the
-    # folder holds this very checkpoint.
-    in_place = local and out.resolve() == Path(args.path).resolve()
-    replacing = not in_place and claim_out(out, ckpt.entry, ckpt.task_spec, seed=ckpt.provenance.get("seed"),
-                                           force=args.force)
-    # weights, ONNX graphs, hashes in config.json, card: staged beside `out` and swapped in whole
-    save(ckpt, out, keep=(lambda n: False) if replacing else not_zoo_file)
+    with writing(out, what="zoo export"):  # no other writer between the check of --out and the save
+        # Another run's checkpoint in --out is replaced only with --force, and then entirely; a folder that
+        # is not a zoo checkpoint never is; in place, the folder holds this very checkpoint.
+        in_place = local and out.resolve() == Path(args.path).resolve()
+        replacing = not in_place and claim_out(out, ckpt.entry, ckpt.task_spec, seed=ckpt.provenance.get("seed"),
+                                               force=args.force)
+        # weights, ONNX graphs, hashes in config.json, card: staged beside `out` and swapped in whole
+        save(ckpt, out, keep=(lambda n: False) if replacing else not_zoo_file)
     written = sorted(p.name for p in out.glob("*.onnx"))
     print(f"exported {ckpt.entry.name} → {out}: {', '.join(written)}")
     return 0
@@ -46,8 +49,10 @@ def cmd_stream(args) -> int:
         open_text,
         signals_unwind,
     )
+    from zoo.storage.atomic import recover_folder
 
     check_targets(args)
+    recover_folder(args.path)  # a checkpoint that a killed save left renamed aside is read where it was
     with warnings.catch_warnings():  # said once, below, in the CLI's words
         warnings.simplefilter("ignore")
         session = StreamingSession(args.path, revision=args.revision, endpoint=args.endpoint, threads=args.threads)
@@ -63,7 +68,7 @@ def cmd_stream(args) -> int:
             inputs = ((token[None, None], True) for _, token in iter_lines(lines, args.input, d_in=session.d_in,
                                                                            nan=args.nan))
         session.reset(batch)
-        restore_state(session, args.state_in)
+        restore_state(session, args.state_in, nan=args.nan)
         stack.enter_context(signals_unwind())  # SIGTERM / SIGHUP unwind through the cleanup in write_stream
         write_stream(args, session, inputs, shape)
     if args.state_out:
@@ -98,7 +103,7 @@ def write_stream(args, session, inputs, shape) -> None:
     # deferred: imports numpy
     import numpy as np
 
-    from export.token_io import OutputWriter, PendingFile
+    from export.token_io import OutputWriter, PendingFile, write_error
 
     select = (lambda out: out) if args.raw else session.predict
     writer = OutputWriter(args.output, shape)
@@ -110,8 +115,11 @@ def write_stream(args, session, inputs, shape) -> None:
         for tokens, flush in inputs:
             writer.write(select(session.push(tokens)), flush=flush)
         if state_file:
-            with open(state_file.path, "wb") as f:  # exactly this name (np.savez would append .npz to a path)
-                np.savez(f, **session.state)
+            try:
+                with open(state_file.path, "wb") as f:  # exactly this name (np.savez would append .npz to a path)
+                    np.savez(f, **session.state)
+            except OSError as e:  # a full disk: one line naming the file
+                raise write_error(args.state_out, e) from None
         writer.close()
         if state_file:
             state_file.commit()
@@ -122,14 +130,15 @@ def write_stream(args, session, inputs, shape) -> None:
         raise
 
 
-def restore_state(session, path: str | None) -> None:
+def restore_state(session, path: str | None, *, nan: str = "refuse") -> None:
     """Start from a state saved by --state-out, its names and shapes checked against the graph's
-    (for the session's batch) from the file's headers before any array is read; never unpickled."""
+    (for the session's batch) from the file's headers before any array is read; never unpickled.
+    Non-finite values are refused unless `nan="pass"` (--nan pass), as non-finite tokens are."""
     if path:
         # deferred: imports numpy
         from export.token_io import read_state
 
-        session.set_state(read_state(path, session.state_shapes(session.batch)))
+        session.set_state(read_state(path, session.state_shapes(session.batch), nan=nan))
 
 
 def register(sub) -> None:
@@ -151,7 +160,8 @@ def register(sub) -> None:
     s.add_argument("--output", help=".npy or .csv (default: CSV on stdout)")
     s.add_argument("--raw", action="store_true", help="write the full outputs instead of the task read-out")
     s.add_argument("--nan", choices=["refuse", "pass"], default="refuse",
-                   help="non-finite tokens: refuse (default, an error naming the line) or pass them to the model")
+                   help="non-finite tokens or --state-in values: refuse (default, an error naming the line or the "
+                        "array) or pass them to the model")
     s.add_argument("--state-in", metavar="NPZ", help="start from a saved state (names as the graph's state_in.*)")
     s.add_argument("--state-out", metavar="NPZ", help="save the state after the last token (resume with --state-in)")
     s.add_argument("--revision")

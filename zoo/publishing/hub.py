@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from zoo.science.paths import cache_dir
+from zoo.storage.atomic import writing
 from zoo.storage.locate import HubError, validate_repo_id
 
 REPO_TYPES = ("model", "dataset")
@@ -46,8 +47,21 @@ def _git(cwd: Path, *args: str) -> str:
     }
     out = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True)
     if out.returncode != 0:
-        raise HubError(f"git {' '.join(args)} failed in {cwd}: {out.stderr.strip()}")
+        said = " ".join(out.stderr.split())[:300]  # one line, however many git wrote
+        raise HubError(f"git {' '.join(args)} failed in {cwd}: {said}")
     return out.stdout.strip()
+
+
+@contextmanager
+def preparing(root: Path):
+    """Hold the local hub `root` while it is prepared (its repos created and committed): a second
+    `zoo hub serve` on the same folder says in one line that it waits, then finds it prepared."""
+
+    def waiting(holder: str) -> None:
+        print(f"waiting for {holder}, which is preparing the local hub {root}", file=sys.stderr, flush=True)
+
+    with writing(root, what="zoo hub serve", wait=True, waiting=waiting):
+        yield
 
 
 def local_repo_path(root: Path, repo_id: str, repo_type: str = "model") -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -14,6 +15,7 @@ from zoo.science.evaluation import alignment_probe, evaluate, gd_reference
 from zoo.science.models import create_model
 from zoo.science.registry import Entry, get_entry, get_task_spec, with_overrides
 from zoo.science.tasks.frozen import load_split
+from zoo.storage.atomic import recover_folder, writing
 from zoo.storage.checkpoint import Checkpoint, CheckpointError, provenance
 from zoo.storage.save import not_zoo_file, save_checkpoint
 
@@ -62,7 +64,18 @@ def build(
     `model`: the trained entry's `untrained_model` for this seed when the caller has built it already.
     `track_alignment`: record the blogpost's three alignment metrics against the entry's GD reference
     on the validation split at every eval step, in the history (its Figure 10); the weights are unchanged.
-    `graphs=False`: no ONNX graphs in `out` (`zoo export` adds them later)."""
+    `graphs=False`: no ONNX graphs in `out` (`zoo export` adds them later).
+    A non-empty `out` that holds no zoo checkpoint is refused, `force` or not (`claim_out`); `out` is locked from
+    the first look at it to the save (`zoo.storage.atomic.writing`): another build into it is refused meanwhile."""
+    with ExitStack() as stack:
+        if out is not None:
+            stack.enter_context(writing(out, what="zoo build"))
+        return _build(name, out, steps=steps, device=device, seed=seed, overrides=overrides, progress=progress,
+                      compiled=compiled, model=model, track_alignment=track_alignment, force=force, graphs=graphs)
+
+
+def _build(name, out, *, steps, device, seed, overrides, progress, compiled, model, track_alignment, force,
+           graphs) -> Checkpoint:
     entry, spec, task, validation, test, hashes = _prepare(name, overrides)
     construction, history = None, []
     trained = entry.source.kind == "trained"
@@ -117,37 +130,66 @@ RUN_IDENTITY = "run.json"
 
 
 def claim_out(out: str | Path | None, entry: Entry, spec, *, seed: int | None, force: bool = False) -> bool:
-    """Whether `out` holds the checkpoint of another run (another entry, definition or seed; an
-    unreadable config.json counts as one), which saving there replaces: refused unless `force`.
-    Without a config.json, or with this run's (a rebuild, a resumed training), there is nothing to
-    replace and False is returned. Steps are not compared: `claim_run_dir` guards a resumed state."""
+    """Whether `out` holds the checkpoint of another run (another entry, definition or seed), which saving
+    there replaces: refused unless `force`. Without a config.json, or with this run's (a rebuild, a resumed
+    training), there is nothing to replace and False is returned. Steps are not compared: `claim_run_dir`
+    guards a resumed state.
+
+    Nothing the zoo did not write is replaced, `force` or not: a folder with no config.json must be empty (or
+    hold only this zoo's training state), and a config.json must be a zoo checkpoint's (`is_zoo_config`).
+    A checkpoint that a killed save left renamed aside is put back first (`recover_folder`)."""
     from zoo.science.registry import definition_sha256
     from zoo.storage.manifest import CONFIG, read_json_file
 
-    config_path = Path(out) / CONFIG if out is not None else None
-    if config_path is None or not (config_path.exists() or config_path.is_symlink()):
+    if out is None:
+        return False
+    out = Path(out)
+    recover_folder(out)
+    if (out.exists() or out.is_symlink()) and not out.is_dir():
+        raise CheckpointError(f"{out} is a file, not a folder; refusing to write a checkpoint there")
+    config_path = out / CONFIG
+    if not (config_path.exists() or config_path.is_symlink()):
+        foreign = sorted(p.name for p in out.iterdir() if p.name != TRAIN_DIR) if out.is_dir() else []
+        if foreign:
+            shown = ", ".join(foreign[:4]) + (", …" if len(foreign) > 4 else "")
+            raise CheckpointError(f"{out} is not empty ({shown}) and is not a zoo checkpoint (no config.json); "
+                                  "refusing to write into it, --force or not: choose a new or empty folder")
         return False
     try:
         config = read_json_file(config_path)
+    except (ValueError, OSError):  # CheckpointError: too big, not JSON
+        config = None
+    if not is_zoo_config(config):
+        raise CheckpointError(f"{out} holds a config.json that is not a zoo checkpoint's; refusing to replace it, "
+                              "--force or not (--force replaces only a zoo checkpoint): choose another folder")
+    try:
         held = (config["entry"]["name"], definition_sha256(config["entry"], config["task"]),
                 (config.get("provenance") or {}).get("seed"))
-    except (ValueError, KeyError, TypeError, AttributeError):  # CheckpointError, pydantic's ValidationError: not a
-        # checkpoint this zoo can read; it may still be someone's, so it is not overwritten silently
-        held = None
+    except (ValueError, KeyError, TypeError, AttributeError):  # pydantic's ValidationError: a zoo checkpoint
+        held = (config["entry"]["name"], None, None)  # of a definition this zoo no longer reads
     wanted = (entry.name, definition_sha256(entry.model_dump(mode="json"), spec.model_dump(mode="json")), seed)
     if held == wanted:
         return False
     if not force:
-        if held is None:
-            what = "a config.json this zoo cannot read"
-        elif held[0] != entry.name:
+        if held[0] != entry.name:
             what = f"the checkpoint of entry '{held[0]}'"
+        elif held[1] is None:
+            what = f"a checkpoint of entry '{held[0]}' this zoo cannot read"
         else:
             what = f"another run of entry '{held[0]}' ({'another definition' if held[1] != wanted[1] else f'seed {held[2]}'})"
         raise CheckpointError(f"{out} already holds {what}, not this build of '{entry.name}'"
                               f"{f' (seed {seed})' if seed is not None else ''}; pass --force (force=True) to "
                               "replace the folder entirely, or choose another output folder")
     return True
+
+
+def is_zoo_config(config) -> bool:
+    """Whether `config` (a parsed config.json) is a zoo checkpoint's: its format, an entry with a name, a task
+    and the zoo's provenance. What else a folder's config.json may be (a transformers model's, someone's
+    settings) is never replaced by a zoo checkpoint."""
+    return (isinstance(config, dict) and "format" in config and isinstance(config.get("entry"), dict)
+            and isinstance(config["entry"].get("name"), str) and isinstance(config.get("task"), dict)
+            and isinstance(config.get("provenance"), dict) and "zoo_version" in config["provenance"])
 
 
 def claim_run_dir(run_dir: Path, entry: Entry, spec, *, seed: int, steps: int, members: list[int] | None = None,
@@ -282,6 +324,16 @@ def build_ensemble(
     `first`: the first seed's `untrained_model` when the caller has built it already.
     `track_alignment`, `graphs`: as in `build`, for every member. `force`: as in `build`, for each of `outs`
     and for `run_dir`."""
+    with ExitStack() as stack:  # every member's folder and the training state's, locked as in `build`
+        for folder in [*outs, run_dir]:
+            stack.enter_context(writing(folder, what="zoo build"))
+        return _build_ensemble(name, seeds, outs, run_dir=run_dir, steps=steps, device=device, overrides=overrides,
+                               progress=progress, compiled=compiled, first=first, track_alignment=track_alignment,
+                               force=force, graphs=graphs)
+
+
+def _build_ensemble(name, seeds, outs, *, run_dir, steps, device, overrides, progress, compiled, first,
+                    track_alignment, force, graphs) -> list[Checkpoint]:
     from zoo.running.ensemble import train_ensemble
 
     entry, spec, task, validation, test, hashes = _prepare(name, overrides)

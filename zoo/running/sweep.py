@@ -11,7 +11,9 @@ into one results table. Every run is an ordinary checkpoint folder (publish/stre
 With `ensemble = true` the seeds of each (entry, overrides) train as one batched ensemble
 (zoo/running/ensemble.py); each member is still saved as its own checkpoint.
 
-Runs are named `<entry>--seed<S>[--<field>=<value>…]` under the sweep's output folder. A
+Runs are named `<entry>--seed<S>[--<field>=<value>…]` under the sweep's output folder. Each such name,
+and the sweep's name when it names the output folder, must be one plain folder name (`path_component`):
+a grid or --set value that is not is refused before anything runs. A
 finished run (its config.json exists) is skipped, so re-running a sweep after an interruption
 resumes it; an interrupted training run resumes from its own training state.
 """
@@ -22,9 +24,10 @@ import itertools
 import json
 import sys
 import tomllib
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -33,6 +36,30 @@ from zoo.science.metrics import METRICS
 from zoo.science.registry import Entry, get_entry, with_overrides
 
 RESULT_COLUMNS = tuple(m.key for m in METRICS if m.in_sweeps)
+MAX_NAME_BYTES = 200  # a run's folder name (UTF-8); its staged and lock siblings add ~20 to it, under NAME_MAX 255
+
+
+def path_component(name: str, what: str) -> str:
+    """`name` when it is one plain folder name: not empty, no '/' or '\\', no '..', no leading '.', no control
+    characters, at most MAX_NAME_BYTES bytes; else ValueError in one line naming it. Sweep and run names are
+    built from the spec's and the command line's values (any string a registry field accepts)."""
+    shown = repr(name[:80] + ("…" if len(name) > 80 else "")) if isinstance(name, str) else repr(name)
+    if not isinstance(name, str) or not name:
+        problem = "is empty"
+    elif "/" in name or "\\" in name:
+        problem = "holds a path separator ('/' or '\\')"
+    elif ".." in name:
+        problem = "holds '..'"
+    elif name.startswith("."):
+        problem = "starts with '.' (a hidden folder)"
+    elif any(unicodedata.category(c) in ("Cc", "Cf", "Cs", "Zl", "Zp") for c in name):
+        problem = "holds a control character"
+    elif len(name.encode("utf-8")) > MAX_NAME_BYTES:
+        problem = f"is {len(name.encode('utf-8'))} bytes long, more than the {MAX_NAME_BYTES} a folder name may take here"
+    else:
+        return name
+    raise ValueError(f"{what} {shown} {problem}: it is not one plain folder name; refusing it before anything runs "
+                     "(choose other values or another name)")
 
 
 class SweepSpec(BaseModel):
@@ -98,7 +125,10 @@ def expand(spec: SweepSpec) -> list[Run]:
         for combo in dict.fromkeys(tuple(zip(applicable, values)) for values in combos):
             overrides = dict(combo)
             config = with_overrides(entry, overrides) if overrides else entry  # fail now, not after hours of training
-            runs.extend(Run(name, seed, overrides, config) for seed in seeds)
+            for seed in seeds:
+                run = Run(name, seed, overrides, config)
+                path_component(run.name, "sweep run")  # a folder under the sweep's output folder
+                runs.append(run)
     return runs
 
 
@@ -108,10 +138,12 @@ def run_one(run: Run, out_dir: str, steps: int | None, device: str | None, threa
     """Build one run (or read it back when finished) and return its results row. `model`: the run's
     untrained model when the caller has built it already (`run_group`)."""
     from zoo.running.builder import build
+    from zoo.storage.atomic import recover_folder
     from zoo.storage.checkpoint import CONFIG, read_checkpoint
 
     _limit_threads(threads)
-    folder = Path(out_dir) / run.name
+    folder = Path(out_dir) / path_component(run.name, "sweep run")
+    recover_folder(folder)  # a finished run that a killed save left renamed aside is finished still
     if (folder / CONFIG).exists():
         return result_row(run, read_checkpoint(folder), "cached")
     _register_task_variant(run)
@@ -152,8 +184,11 @@ def run_group(runs: list[Run], out_dir: str, steps: int | None, device: str | No
     training's step bar with its train and validation loss (zoo.running.train)."""
     from zoo.running.builder import build_ensemble, untrained_model
     from zoo.running.train import training_mode
+    from zoo.storage.atomic import recover_folder
     from zoo.storage.checkpoint import CONFIG
 
+    for r in runs:
+        recover_folder(Path(out_dir) / path_component(r.name, "sweep run"))
     pending = [r for r in runs if not (Path(out_dir) / r.name / CONFIG).exists()]
     _limit_threads(threads)
     first, model, ensemble = (pending[0] if pending else None), None, False
@@ -193,9 +228,9 @@ def run_sweep(spec: SweepSpec, out: str | Path | None = None, backend: Literal["
     = 1: each training's step bar shows), in `workers` local processes, or as Ray tasks (`backend="ray"`,
     `address`, `gpus_per_run`). A group's rows are printed as it finishes; results.json/.md hold them all, in
     the spec's order."""
-    out = Path(out or Path("runs") / spec.name)
+    out = Path(out or Path("runs") / path_component(spec.name, "sweep name"))
+    groups = groups_of(expand(spec), spec.ensemble)  # every run's name checked before anything is written
     out.mkdir(parents=True, exist_ok=True)
-    groups = groups_of(expand(spec), spec.ensemble)
     executor = Backend(backend, workers=workers, address=address, gpus_per_job=gpus_per_run)
     inline = executor.kind == "local" and executor.workers == 1
     jobs = [Job(i, run_group, (g, str(out.resolve()), spec.steps, spec.device),

@@ -27,6 +27,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 
 from zoo.science.paths import safe_name
+from zoo.storage.atomic import recover_folder
 from zoo.storage.manifest import (
     CONFIG,
     EVAL_RESULTS,
@@ -291,7 +292,7 @@ def locate(path_or_repo: str | Path, *, revision: str | None = None, endpoint: s
                                f"({release_dir()}); build it with `zoo release build --only {text}` or `zoo build {text}`")
         folder, source = _fetch_released(text, index, revision=revision, endpoint=endpoint, **download)
         return verify_release(folder, row, index["version"], source=source)
-    if folder.is_dir():
+    if folder.is_dir() or recover_folder(folder):  # a checkpoint a killed swap left aside is put back first
         return verify_local(folder, index)
     if looks_like_path(text):
         what = "not a folder" if folder.exists() else "no such folder"

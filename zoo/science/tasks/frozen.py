@@ -107,14 +107,17 @@ def _array2d_column(a: np.ndarray):
 
 
 def read_parquet_arrays(path: Path | str) -> tuple[np.ndarray, np.ndarray]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     # Read from the file's bytes on this thread. `pq.read_table` starts Arrow's IO thread pool, whose
     # native threads can abort the interpreter at exit ("terminate called without an active exception",
     # apache/arrow#34314): 1 of 60 processes in the concurrent-repair test did. A split is a few MB.
-    data = pa.BufferReader(Path(path).read_bytes())
-    return _arrays_from_table(pq.ParquetFile(data).read(columns=["x", "y"], use_threads=False))
+    return _arrays_from_bytes(Path(path).read_bytes())
+
+
+def _arrays_from_bytes(data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    return _arrays_from_table(pq.ParquetFile(pa.BufferReader(data)).read(columns=["x", "y"], use_threads=False))
 
 
 def _arrays_from_table(table) -> tuple[np.ndarray, np.ndarray]:
@@ -165,6 +168,7 @@ def load_split(task_name: str, split: str, *, spec, rebuild: bool = False) -> Fr
         raise KeyError(f"task {task_name!r} has no split {split!r}; it has {sorted(spec.splits)}")
     s = spec.splits[split]
     folder = cache_dir() / "datasets" / safe_name(task_name) / split
+    size = _expected_size(spec, split)  # the cached file is decoded within these, as a download is
     path = folder / "data.parquet"
     name = f"{task_name}/{split}"
     generated = None
@@ -174,27 +178,68 @@ def load_split(task_name: str, split: str, *, spec, rebuild: bool = False) -> Fr
         expected = content_hash(*generated)
     if not rebuild and path.is_file():
         try:  # another process may be repairing it right now, or it is unreadable: the locked path below
-            x, y = read_parquet_arrays(path)
+            x, y = read_cached_split(path, spec, split, size=size)
         except Exception:
             x = y = None
         if x is not None and (got := content_hash(x, y)) == expected:
+            if _stale_writes(folder):  # a killed writer's: removed under the lock, which every writer holds
+                with _locked(folder):
+                    _remove_stale_writes(folder)
             return FrozenSplit(name=name, x=x, y=y, sha256=got)
     with _locked(folder):  # build, rebuild or repair; the first process does it, the others find it done
+        _remove_stale_writes(folder)
         old_hash = None
         if path.is_file():
             try:
-                x, y = read_parquet_arrays(path)
+                x, y = read_cached_split(path, spec, split, size=size)
                 old_hash = content_hash(x, y)
-            except Exception:  # not a parquet file, or another schema: set aside like an edited copy
-                old_hash = "unreadable-" + hashlib.sha256(path.read_bytes()).hexdigest()
+            except Exception:  # not a parquet file, another schema, another size: set aside like an edited copy
+                with open(path, "rb") as f:
+                    old_hash = "unreadable-" + hashlib.file_digest(f, "sha256").hexdigest()
             if old_hash == expected and not rebuild:
                 return FrozenSplit(name=name, x=x, y=y, sha256=old_hash)
         x, y = generated or _generate_verified(spec, s, name)  # refuses, touching nothing, if it cannot match
         if old_hash is not None and old_hash != expected:
             _set_aside(path, old_hash, name, expected, s.seed)
         save_split(x, y, folder)
-        x, y = read_parquet_arrays(path)
+        x, y = read_cached_split(path, spec, split, size=size)
     return FrozenSplit(name=name, x=x, y=y, sha256=verify(x, y, expected, name))
+
+
+STALE_WRITE = ".data.parquet.*.tmp"  # save_split's private name: a killed writer's half-written file
+
+
+def _stale_writes(folder: Path) -> list[Path]:
+    return sorted(folder.glob(STALE_WRITE))
+
+
+def _remove_stale_writes(folder: Path) -> None:
+    """Under the folder's lock, which every writer of the cache holds while it writes: any private file
+    left there is a killed writer's."""
+    for p in _stale_writes(folder):
+        p.unlink(missing_ok=True)
+
+
+def read_cached_split(path: Path, spec, split: str, *, size=None) -> tuple[np.ndarray, np.ndarray]:
+    """The arrays of the cached `path`, decoded only once its size and footer fit `spec`'s split (the task
+    count and x/y shapes `_expected_size` gives), with the checks a download gets (`_check_footer`); refused
+    (DatasetShapeMismatch, one line naming the file) otherwise. A cache is as writable as a download."""
+    n, shapes = size if size is not None else _expected_size(spec, split)
+    where = f"cached frozen split {path}"
+    limit = 8 * n * sum(a * b for a, b in shapes) + 2**20  # as _check_footer's: float32 values, twice over
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise DatasetShapeMismatch(f"{where}: more than {limit} bytes, far more than {n} tasks of x {shapes[0]}, "
+                                   f"y {shapes[1]} need; refusing to decode it")
+    rows, _ = _check_footer(path, where, shapes, data=data)  # read from these bytes, as decoded below
+    if rows != n:
+        raise DatasetShapeMismatch(f"{where}: its parquet declares {rows} tasks; the split has {n} — refusing to decode it")
+    x, y = _arrays_from_bytes(data)
+    if (x.shape, y.shape) != ((n, *shapes[0]), (n, *shapes[1])):  # a footer that lied about its pages
+        raise DatasetShapeMismatch(f"{where}: decoded x {x.shape}, y {y.shape}, not the {n} tasks of x {shapes[0]}, "
+                                   f"y {shapes[1]} its footer declares")
+    return x, y
 
 
 def _generate_verified(spec, s, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -299,10 +344,10 @@ def _split_files(folder: Path, split: str, name: str, scratch: Path) -> list[Pat
     return files
 
 
-def _check_footer(path: Path, where: str, shapes) -> tuple[int, tuple]:
+def _check_footer(path: Path, where: str, shapes, *, data: bytes | None = None) -> tuple[int, tuple]:
     """(rows, (x row shape, y row shape)) from a parquet file's footer, refused unless x and y are
     float32 Array2D columns of the `shapes` expected (else the declared ones) whose value counts and
-    file size fit them. Reads the footer only."""
+    file size fit them. Reads the footer only (of `data`, the file's bytes, when given)."""
     import json
 
     import pyarrow as pa
@@ -310,7 +355,7 @@ def _check_footer(path: Path, where: str, shapes) -> tuple[int, tuple]:
 
     want = "columns x, y as float32 Array2D features" + (f" of shapes {shapes[0]}, {shapes[1]}" if shapes else "")
     try:
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(path if data is None else pa.BufferReader(data))
         meta, schema = pf.metadata, pf.schema_arrow
     except (OSError, ValueError, pa.ArrowException) as e:
         raise DatasetShapeMismatch(f"{where}: not a parquet file with {want} ({type(e).__name__}: {e})") from None
@@ -341,7 +386,7 @@ def _check_footer(path: Path, where: str, shapes) -> tuple[int, tuple]:
         if count != rows * shape[0] * shape[1]:
             raise DatasetShapeMismatch(f"{where}: column {column!r} holds {count} values, not the "
                                        f"{rows} × {shape[0]} × {shape[1]} of {rows} tasks of shape {shape}")
-    size = path.stat().st_size  # read whole before decoding: no bigger than float32 values, twice over
+    size = path.stat().st_size if data is None else len(data)  # read whole before decoding: no bigger than float32 values, twice over
     if size > 8 * rows * sum(a * b for a, b in got) + 2**20:
         raise DatasetShapeMismatch(f"{where}: {size} bytes is far more than {rows} tasks of x {got[0]}, y {got[1]} need")
     return rows, got
