@@ -262,7 +262,7 @@ def test_zoo_leaderboard_prints_and_draws_the_table(gd_onnx, tmp_path, capsys):
     assert main(["leaderboard", TASK, "--only", "lsa-gd-zucchet-icl", "--add", f"mine={gd_onnx}", "--out", str(out),
                  "--quiet"]) == 0
     table = capsys.readouterr().out
-    for row in ("`mine` | outside", "`lsa-gd-zucchet-icl` | released", "*GD, 1 step at η* = 0.06757* | reference",
+    for row in ("`mine` | outside", "`lsa-gd-zucchet-icl` | released", r"*GD, 1 step at η\* = 0.06757* | reference",
                 "*GD, 2 steps at η =", "*least squares* | reference"):
         assert row in table, row
     assert table.splitlines()[2].startswith("| 1 | *least squares*")  # ranked by loss: noise-free, LS is exact

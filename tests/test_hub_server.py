@@ -5,6 +5,7 @@ from one released entry), while every write is refused."""
 
 import hashlib
 import http.client
+import itertools
 import json
 import os
 import shutil
@@ -480,3 +481,213 @@ CALLS = {
 @pytest.mark.parametrize("call", list(CALLS))
 def test_hub_call(release_hub, call):
     CALLS[call](release_hub)
+
+
+# ---------------------------------------------------------------- hostile repos and requests
+def _bomb(levels: int) -> bytes:
+    """A card whose front matter is a "billion laughs": 9**levels strings from a few hundred bytes of aliases."""
+    names = "abcdefghijkl"[:levels]
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"{cur}: &{cur} [" + ",".join([f"*{prev}"] * 9) + "]" for prev, cur in itertools.pairwise(names)]
+    return ("---\n" + "\n".join(lines) + "\n---\n# bomb\n").encode()
+
+
+def _rss(proc) -> int:
+    import psutil
+
+    return psutil.Process(proc.pid).memory_info().rss
+
+
+def _request(endpoint, method, path, host: str | None, timeout: float = 30):
+    """One request whose Host header is `host` exactly (None: no Host header at all)."""
+    conn = http.client.HTTPConnection(urlparse(endpoint).netloc, timeout=timeout)
+    try:
+        conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+        if host is not None:
+            conn.putheader("Host", host)
+        conn.endheaders()
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def test_card_front_matter_refuses_yaml_aliases_and_deep_nesting():
+    from zoo.publishing.hub_server import card_data
+
+    assert card_data(b"---\nlicense: mit\ntags:\n- a\n- b\n---\n# ok\n") == {"license": "mit", "tags": ["a", "b"]}
+    assert card_data(b"---\nlicense: &l mit\nalso: *l\n---\n") == {}  # an alias: the card has no metadata
+    assert card_data(_bomb(7)) == {}  # 287 bytes; before: 3.9 s and 0.5 GB, 9 levels many GB
+    assert card_data(b"---\nx: " + b"[" * 5000 + b"]" * 5000 + b"\n---\n") == {}  # nesting past any card's depth
+    assert card_data(b"---\nx: " + b"9" * 5000 + b"\n---\n") == {}  # past int()'s digit limit: unreadable, not a 500
+
+
+def test_a_yaml_bomb_card_costs_the_server_neither_time_nor_memory(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "README.md").write_bytes(_bomb(7))
+    hub.publish_local(src, "evil/bomb", root=tmp_path / "hub")
+    proc, endpoint = hub.start_server(tmp_path / "hub")
+    try:
+        before = _rss(proc)
+        for _ in range(3):  # every request, not only the first
+            status, body = _raw(endpoint, "GET", "/api/models/evil/bomb")
+            assert status == 200 and json.loads(body)["cardData"] == {}
+        assert HfApi(endpoint=endpoint).model_info("evil/bomb").id == "evil/bomb"
+        grown = _rss(proc) - before
+    finally:
+        hub.stop_server(proc)
+    assert grown < 100 << 20, f"the server grew {grown >> 20} MiB"
+
+
+def _lfs_repo(tmp_path):
+    from zoo.publishing.hub_server import Hub, repo_dir
+
+    src = tmp_path / "src"
+    src.mkdir(exist_ok=True)
+    data = os.urandom(4096)
+    (src / "w.onnx").write_bytes(data)  # an LFS kind: its ETag is the SHA-256
+    hub.publish_local(src, "org/lfs", root=tmp_path / "hub")
+    h = Hub(tmp_path / "hub")
+    return h, repo_dir(h.root, "models", "org/lfs"), git_blob_sha1(data), hashlib.sha256(data).hexdigest()
+
+
+@pytest.mark.parametrize("sidecar", ["", "\n", "zz", "0" * 63, "g" * 64, '"; x', "0" * 65, "A" * 64 + "\n" + "0" * 64])
+def test_a_malformed_hash_sidecar_is_recomputed_not_trusted(tmp_path, sidecar):
+    from zoo.publishing.hub_server import Hub
+
+    h, repo, oid, sha = _lfs_repo(tmp_path)
+    side = h.blobs / f"{oid}.sha256"
+    side.write_text(sidecar)
+    assert Hub(h.root).sha256(repo, oid) == sha  # a fresh Hub: nothing memoised
+    assert side.read_text() == sha  # and the sidecar is repaired
+
+
+CRASH_MID_WRITE = """
+import resource, sys
+from pathlib import Path
+from zoo.publishing.hub_server import Hub, repo_dir
+h = Hub(Path(sys.argv[1]))
+repo = repo_dir(h.root, "models", "org/lfs")
+h.blob_file(repo, sys.argv[2])  # the blob is cached; then no file may grow past 10 bytes: the next write dies
+resource.setrlimit(resource.RLIMIT_FSIZE, (10, 10))
+h.sha256(repo, sys.argv[2])
+"""
+
+
+def test_a_sidecar_write_cut_short_leaves_no_sidecar_behind(tmp_path):
+    """A server killed while writing a sidecar (here: by a file-size limit, SIGXFSZ) must not leave a
+    truncated one for the next server to trust. Before: write_text truncated first, so "" was left: `ETag: ""`."""
+    from zoo.publishing.hub_server import Hub
+
+    h, repo, oid, sha = _lfs_repo(tmp_path)
+    out = subprocess.run([sys.executable, "-c", CRASH_MID_WRITE, str(h.root), oid], capture_output=True, timeout=60,
+                         check=False)
+    assert out.returncode != 0  # it did die mid-write
+    side = h.blobs / f"{oid}.sha256"
+    assert not side.exists() or side.read_text() == sha, repr(side.read_text())
+    assert Hub(h.root).sha256(repo, oid) == sha
+
+
+def test_an_empty_sidecar_never_becomes_an_empty_etag(tmp_path):
+    h, _, oid, sha = _lfs_repo(tmp_path)
+    (h.blobs / f"{oid}.sha256").write_text("")
+    proc, endpoint = hub.start_server(tmp_path / "hub")
+    try:
+        meta = get_hf_file_metadata(hf_hub_url("org/lfs", "w.onnx", endpoint=endpoint))
+    finally:
+        hub.stop_server(proc)
+    assert meta.etag == sha
+
+
+def _evil_repos(server) -> dict[str, Path]:
+    """Repos inside the hub whose git data is outside it: the secret checkout's history."""
+    tmp, root = server["tmp"], server["tmp"] / "hub" / "models" / "evil2"
+    secret_git = tmp / ".git"
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp, capture_output=True, text=True, check=True).stdout.strip()
+    if not root.exists():
+        root.mkdir(parents=True)
+        (root / "gitlink").mkdir()  # a real folder whose .git is a symlink to the checkout's
+        (root / "gitlink" / ".git").symlink_to(secret_git)
+        (root / "gitfile").mkdir()  # .git as a file: "gitdir: <elsewhere>"
+        (root / "gitfile" / ".git").write_text(f"gitdir: {secret_git}\n")
+        alt = root / "alternates"  # its own .git, its objects borrowed from the checkout's
+        alt.mkdir()
+        _git(alt, "init", "-q", "-b", "main")
+        (alt / ".git" / "objects" / "info" / "alternates").write_text(f"{secret_git / 'objects'}\n")
+        _git(alt, "update-ref", "refs/heads/main", commit)
+        bare = root / "bare-alternates"  # a bare repo, the same
+        bare.mkdir()
+        _git(bare, "init", "-q", "--bare", "-b", "main")
+        (bare / "objects" / "info" / "alternates").write_text(f"{secret_git / 'objects'}\n")
+        _git(bare, "update-ref", "refs/heads/main", commit)
+        linked = root / "objects-link"  # a bare repo whose object store is a symlink
+        linked.mkdir()
+        _git(linked, "init", "-q", "--bare", "-b", "main")
+        shutil.rmtree(linked / "objects")
+        (linked / "objects").symlink_to(secret_git / "objects")
+        _git(linked, "update-ref", "refs/heads/main", commit)
+        (root / "not-a-repo" / ".git").mkdir(parents=True)  # git would search the folders above: the checkout
+    return {name: root / name for name in ("gitlink", "gitfile", "alternates", "bare-alternates", "objects-link",
+                                           "not-a-repo")}
+
+
+def test_a_repo_whose_git_data_is_outside_the_hub_is_not_served(server):
+    ep = server["endpoint"]
+    leaked = []
+    for name in _evil_repos(server):
+        for path in (f"/evil2/{name}/resolve/main/secret.txt", f"/api/models/evil2/{name}",
+                     f"/api/models/evil2/{name}/commits/main", f"/api/models/evil2/{name}/tree/main",
+                     f"/api/models/evil2/{name}/refs"):
+            status, body = _raw(ep, "GET", path)
+            if status != 404 or SECRET in body or SECRET_COMMIT.encode() in body:
+                leaked.append((name, path, status, body[:80]))
+    assert not leaked
+    assert all(m.id.split("/")[0] != "evil2" for m in HfApi(endpoint=ep).list_models())
+
+
+LOOPBACK_HOSTS = ["127.0.0.1:{port}", "localhost:{port}", "LOCALHOST:{port}", "[::1]:{port}", "127.0.0.1", "localhost"]
+FOREIGN_HOSTS = ["evil.example", "evil.example:{port}", "127.0.0.1.evil.example:{port}", "localhost.evil.example",
+                 "127.0.0.2:{port}", "0.0.0.0:{port}", "localhost:{port}@evil.example", "localhost:x", "[::1]x",
+                 "", "localhost, evil.example", None]
+
+
+def test_only_loopback_host_names_are_answered(server):
+    """DNS rebinding: a page on evil.example whose name now resolves to 127.0.0.1 sends `Host: evil.example`."""
+    ep = server["endpoint"]
+    port = urlparse(ep).port
+    for host in LOOPBACK_HOSTS:
+        status, body = _request(ep, "GET", "/icl-zoo/x/resolve/main/config.json", host.format(port=port))
+        assert (status, body) == (200, b'{"entry": "x"}'), host
+    answered = []
+    for host in FOREIGN_HOSTS:
+        shown = host if host is None else host.format(port=port)
+        for method, path in (("GET", "/icl-zoo/x/resolve/main/config.json"), ("GET", "/api/models/icl-zoo/x"),
+                             ("HEAD", "/icl-zoo/x/resolve/main/config.json")):
+            status, body = _request(ep, method, path, shown)
+            if not 400 <= status < 500 or b"entry" in body:
+                answered.append((shown, method, path, status))
+    assert not answered
+
+
+def test_unknown_revisions_leave_nothing_behind_and_the_memo_is_bounded(tmp_path):
+    from zoo.publishing import hub_server
+    from zoo.publishing.hub_server import Hub, Refused, repo_dir
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "README.md").write_text("# x\n")
+    hub.publish_local(src, "org/x", root=tmp_path / "hub")
+    h = Hub(tmp_path / "hub")
+    repo = repo_dir(h.root, "models", "org/x")
+    h.info("models", "org/x", repo, h.resolve(repo, None))
+    kept = len(h._memo)
+    for i in range(200):  # distinct commit-shaped revisions the repo does not hold
+        with pytest.raises(Refused):
+            h.resolve(repo, f"{i:040x}")
+    assert len(h._memo) == kept
+    bound = getattr(hub_server, "MEMO_ENTRIES", 4096)
+    for i in range(3 * bound):
+        h.memo(("k", i), lambda i=i: i)
+    assert len(h._memo) <= bound
+    assert h.memo(("k", 3 * bound - 1), lambda: None) == 3 * bound - 1  # the newest stay

@@ -32,7 +32,12 @@ and, where the model predicts at every position of a `triples` task, the loss at
 **A record** (`evaluate`'s result, `zoo eval MODEL --task TASK --json`) holds the split's SHA-256,
 the model's (its file's bytes, or its weights'; a function: its name) and the zoo version;
 `check(record, model)` (`zoo eval --check RECORD MODEL`) scores the model again and confirms or
-refutes every number.
+refutes every number. It confirms only a record that holds the format, task, split, split SHA-256,
+model identity and zoo version, each matching, and every number the re-score produces as a finite
+int or float within CHECK_RTOL (a string, null, a bool, a missing or an extra metric refutes it).
+What the record decides about the re-score (task, split, the k of each k-step GD reference, the
+sensitivity method) is checked first and bounded (k ≤ MAX_GD_STEPS, at most MAX_GD_REFERENCES of them):
+anything else is refused in one line before anything runs.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -69,6 +75,13 @@ GD_STEPS = (2, 3)  # k-step GD references beside the one step at η*, each at th
 SENSITIVITY_METHODS = ("auto", "autograd", "finite differences", "none")
 FD_STEP = 1e-2  # finite-difference step, in units of the task's input scale: exact for models linear in x_q
 CHECK_RTOL = 1e-5  # re-scored numbers must agree this closely (ONNX Runtime and BLAS may sum in another order)
+# A record's re-scoring parameters are bounded: the zoo writes k = 2 and 3. The k-step line search holds k
+# coefficient tensors of the split and costs O(k²) matmuls over it (k = 16: ~4 s on one CPU core); past ~16
+# steps the polynomial in η loses its precision to cancellation anyway (k = 32: 0.07 off at η = 0.05).
+MAX_GD_STEPS = 16
+MAX_GD_REFERENCES = 4
+RECORD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a record's task and split (fullmatch): registry names
+SHA256 = re.compile(r"[0-9a-f]{64}")  # fullmatch
 
 
 class BenchmarkError(ValueError):
@@ -487,10 +500,10 @@ def gd_polynomial(b64, steps: int) -> torch.Tensor:
     (zoo.science.tasks.regression.gd_weights) gives each step's coefficients from the last ones."""
     x = b64.x_context
     g, s = b64.y_context.transpose(1, 2) @ x, x.transpose(1, 2) @ x
-    coefficients = [torch.zeros_like(g) for _ in range(steps)]  # of η^1 … η^k in W
+    coefficients = g.new_zeros((steps, *g.shape))  # of η^1 … η^k in W, updated all at once each step
     for _ in range(steps):
-        coefficients = [coefficients[0] + g] + [coefficients[m] - coefficients[m - 1] @ s for m in range(1, steps)]
-    return torch.stack([(c @ b64.x_query.unsqueeze(-1)).squeeze(-1) for c in coefficients])
+        coefficients = torch.cat([coefficients[:1] + g, coefficients[1:] - coefficients[:-1] @ s])
+    return (coefficients @ b64.x_query.unsqueeze(-1)).squeeze(-1)
 
 
 def best_eta(task, b64, steps: int) -> float:
@@ -548,6 +561,7 @@ def evaluate(model, *, task: str, split: str = "test", name: str | None = None, 
     with the split's and the model's SHA-256, the zoo version and the metrics. `readout` overrides the
     model's own; `sensitivity` is "auto", "autograd", "finite differences" or "none"; `revision` and
     `endpoint` reach a Hub repo."""
+    gd_steps = checked_gd_steps(gd_steps)
     candidate = as_candidate(model, name=name, readout=readout, revision=revision, endpoint=endpoint)
     _, task_obj, frozen = load_frozen(task, split)
     refs = split_references(task_obj, frozen, gd_steps) if task_obj.has_gd_reference else None
@@ -555,6 +569,24 @@ def evaluate(model, *, task: str, split: str = "test", name: str | None = None, 
     return {"format": RECORD_FORMAT, "task": task, "split": split, "dataset": frozen.name,
             "dataset_sha256": frozen.sha256, "model": candidate.identity, "zoo_version": __version__,
             "metrics": metrics}
+
+
+def checked_gd_steps(steps, where: str = "gd_steps") -> tuple[int, ...]:
+    """The k's of the k-step GD references: at most MAX_GD_REFERENCES ints, each 1..MAX_GD_STEPS, or one line."""
+    expected = f"at most {MAX_GD_REFERENCES} step counts, each an integer from 1 to {MAX_GD_STEPS}"
+    if isinstance(steps, (str, bytes, dict)) or not isinstance(steps, Sequence) or len(steps) > MAX_GD_REFERENCES:
+        raise BenchmarkError(f"{where}: {_shown(steps)} is not {expected}")
+    for k in steps:
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_GD_STEPS:
+            raise BenchmarkError(f"{where}: steps {_shown(k)} is not an integer from 1 to {MAX_GD_STEPS} ({expected})")
+    return tuple(steps)
+
+
+def _shown(value, width: int = 60) -> str:
+    """A value of a record as one short printable line (a record is anyone's JSON)."""
+    text = repr(value)
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 @dataclass
@@ -575,45 +607,133 @@ def _numbers(value, path: str = ""):
         yield path, float(value)
 
 
+def _is_number(value) -> bool:
+    """An int or a float, not a bool, finite: what a record's number must be."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int past float's range: 10**400
+        return False
+
+
+def _rescoring_parameters(record) -> tuple[str, str, tuple[int, ...], str]:
+    """(task, split, k's of the k-step GD references, sensitivity method) from a record, each checked and
+    bounded before anything runs; one line otherwise."""
+    shape = (f"not a benchmark record ({RECORD_FORMAT}): expected task, split and metrics as "
+             "`zoo eval MODEL --task TASK --json` writes them")
+    if not isinstance(record, dict) or not isinstance(record.get("metrics"), dict):
+        raise BenchmarkError(shape)
+    task, split, recorded = record.get("task"), record.get("split"), record["metrics"]
+    for key, value in (("task", task), ("split", split)):
+        if not (isinstance(value, str) and RECORD_NAME.fullmatch(value)):
+            raise BenchmarkError(f"{shape}; its {key} is {_shown(value)}")
+    k_steps = recorded.get("gd_k_steps", [{"steps": k} for k in GD_STEPS])  # none on a teacher–student task
+    if not isinstance(k_steps, list) or len(k_steps) > MAX_GD_REFERENCES or not all(
+            isinstance(k, dict) and "steps" in k for k in k_steps):
+        raise BenchmarkError(f"the record's gd_k_steps {_shown(k_steps)} is not a list of at most "
+                             f"{MAX_GD_REFERENCES} k-step references, each with its steps")
+    steps = checked_gd_steps([k["steps"] for k in k_steps], "the record's gd_k_steps")
+    sensitivity = recorded.get("sensitivity", "auto")
+    if not (isinstance(sensitivity, str) and sensitivity in SENSITIVITY_METHODS):
+        raise BenchmarkError(f"the record's sensitivity {_shown(sensitivity)} is not one of "
+                             f"{', '.join(SENSITIVITY_METHODS)}")
+    return task, split, steps, sensitivity
+
+
+def _binding_problems(record: dict) -> list[str]:
+    """What a record lacks of what binds it (format, zoo version, split and model SHA-256, a non-empty
+    metrics object): refuted before anything is re-scored."""
+    problems = []
+    if record.get("format") != RECORD_FORMAT:
+        problems.append(f"its format is {_shown(record.get('format'))}, expected {RECORD_FORMAT!r}")
+    if record.get("zoo_version") != __version__:
+        problems.append(f"it was scored by icl-zoo {_shown(record.get('zoo_version'))}, this is icl-zoo {__version__} "
+                        "(re-score it with the version that wrote it)")
+    if not (isinstance(record.get("dataset_sha256"), str) and SHA256.fullmatch(record["dataset_sha256"])):
+        problems.append(f"its split SHA-256 is {_shown(record.get('dataset_sha256'))}")
+    model = record.get("model")
+    if not (isinstance(model, dict) and isinstance(model.get("kind"), str) and isinstance(model.get("name"), str)):
+        problems.append(f"its model is {_shown(model)}, expected the kind, name and SHA-256 of the model scored")
+    if not record["metrics"]:
+        problems.append("its metrics are empty")
+    return problems
+
+
+def _compare(recorded, rescored, path: str, rtol: float, problems: list[str]) -> None:
+    """Every number, string and list of `rescored` must be in `recorded` at the same place, the same kind
+    and (numbers) finite and within `rtol`; anything else the record holds is reported as not re-scored."""
+    where = path or "metrics"
+    if isinstance(rescored, dict):
+        if not isinstance(recorded, dict):
+            problems.append(f"{where} recorded {_shown(recorded)}, re-scored an object")
+            return
+        for key, value in rescored.items():
+            inner = f"{path}.{key}" if path else str(key)
+            if key in recorded:
+                _compare(recorded[key], value, inner, rtol, problems)
+            else:
+                problems.append(f"{inner} missing from the record")
+        extra = [key for key in recorded if key not in rescored]
+        if extra:
+            shown = ", ".join(_shown(k, 30) for k in extra[:3]) + (f" (and {len(extra) - 3} more)" if len(extra) > 3 else "")
+            problems.append(f"{where} holds {shown}, which the re-score does not produce")
+    elif isinstance(rescored, list):
+        if not isinstance(recorded, list) or len(recorded) != len(rescored):
+            problems.append(f"{where} recorded {_shown(recorded)}, re-scored a list of {len(rescored)}")
+            return
+        for i, (theirs, mine) in enumerate(zip(recorded, rescored)):
+            _compare(theirs, mine, f"{path}[{i}]", rtol, problems)
+    elif isinstance(rescored, (int, float)) and not isinstance(rescored, bool):
+        if not _is_number(recorded):
+            problems.append(f"{where} recorded {_shown(recorded)}, not a finite number (re-scored {rescored:.9g})")
+        elif not math.isfinite(rescored):
+            problems.append(f"{where} re-scored {rescored}, not a finite number")
+        elif not _agree(float(rescored), float(recorded), rtol):
+            problems.append(f"{where} recorded {recorded:.9g}, re-scored {rescored:.9g}")
+    elif recorded != rescored or type(recorded) is not type(rescored):  # the output and sensitivity methods
+        problems.append(f"{where} recorded {_shown(recorded)}, re-scored {_shown(rescored)}")
+
+
 def check(record: dict, model, *, revision: str | None = None, endpoint: str | None = None,
           rtol: float = CHECK_RTOL) -> Verdict:
-    """Score `model` again as `record` says it was scored and compare: the split's SHA-256, the model's
-    identity (file or weights SHA-256; a function's name) and every number of the metrics."""
-    try:
-        task, split, recorded = record["task"], record["split"], record["metrics"]
-        steps = [k["steps"] for k in recorded.get("gd_k_steps", [])]
-        sensitivity = recorded.get("sensitivity", "auto")
-        if not (isinstance(task, str) and isinstance(split, str) and isinstance(recorded, dict)):
-            raise TypeError
-    except (KeyError, TypeError, AttributeError):
-        raise BenchmarkError(f"not a benchmark record ({RECORD_FORMAT}): expected task, split and metrics "
-                             "as `zoo eval MODEL --task TASK --json` writes them") from None
-    rescored = evaluate(model, task=task, split=split, gd_steps=steps,
-                        sensitivity=sensitivity if sensitivity in SENSITIVITY_METHODS else "auto",
+    """Score `model` again as `record` says it was scored and compare. Confirmed only when the record holds
+    the format, the task and split, the split's SHA-256, the model's identity (file or weights SHA-256; a
+    function's name), the zoo version and every number the re-score produces, each finite and within
+    `rtol`. The record's re-scoring parameters (task, split, k-step GD, sensitivity method) are checked
+    and bounded first: a malformed one is refused in one line (`BenchmarkError`), before anything runs."""
+    task, split, steps, sensitivity = _rescoring_parameters(record)
+    problems = _binding_problems(record)
+    if problems:
+        return _refuted(f"the record {record['task']}/{record['split']}", problems)
+    rescored = evaluate(model, task=task, split=split, gd_steps=steps, sensitivity=sensitivity,
                         revision=revision, endpoint=endpoint)
     what = f"{rescored['model']['name']} on {rescored['dataset']}"
-    problems = []
-    if record.get("dataset_sha256") != rescored["dataset_sha256"]:
-        problems.append(f"the record's split has SHA-256 {record.get('dataset_sha256')}, this one {rescored['dataset_sha256']}")
-    mine, theirs = rescored["model"], record.get("model") or {}
-    key = "sha256" if "sha256" in theirs else "name"
+    if record["dataset_sha256"] != rescored["dataset_sha256"]:
+        problems.append(f"the record's split has SHA-256 {record['dataset_sha256']}, this one {rescored['dataset_sha256']}")
+    if record.get("dataset", rescored["dataset"]) != rescored["dataset"]:
+        problems.append(f"the record's split is {_shown(record['dataset'])}, this one {rescored['dataset']}")
+    mine, theirs = rescored["model"], record["model"]
+    if theirs["kind"] != mine["kind"]:
+        problems.append(f"the record scored a {_shown(theirs['kind'])}, this is a {mine['kind']}")
+    key = "sha256" if "sha256" in mine else "name"  # what identifies this kind of model: never the record's choice
     if theirs.get(key) != mine.get(key):
-        problems.append(f"the record scored a model with {key} {theirs.get(key)}, this one has {mine.get(key)}")
-    now = dict(_numbers(rescored["metrics"]))
-    for path, value in _numbers(recorded):
-        got = now.get(path)
-        if got is None or not _agree(got, value, rtol):
-            problems.append(f"{path} recorded {value:.9g}, re-scored {'missing' if got is None else f'{got:.9g}'}")
+        problems.append(f"the record scored a model with {key} {_shown(theirs.get(key), 70)}, this one has {mine.get(key)}")
+    _compare(record["metrics"], rescored["metrics"], "", rtol, problems)
     if problems:
-        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        return Verdict(False, f"refuted: {what}: {'; '.join(problems[:3])}{more}")
-    n = sum(1 for _ in _numbers(recorded))
+        return _refuted(what, problems)
+    n = sum(1 for _ in _numbers(rescored["metrics"]))
     return Verdict(True, f"confirmed: {what} (split SHA-256 {rescored['dataset_sha256'][:12]}…): "
                          f"{n} numbers reproduced to a relative {rtol:g}")
 
 
+def _refuted(what: str, problems: list[str]) -> Verdict:
+    more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+    return Verdict(False, f"refuted: {what}: {'; '.join(problems[:3])}{more}")
+
+
 def _agree(a: float, b: float, rtol: float) -> bool:
-    return math.isclose(a, b, rel_tol=rtol, abs_tol=1e-12) or (math.isnan(a) and math.isnan(b))
+    return math.isclose(a, b, rel_tol=rtol, abs_tol=1e-12)
 
 
 def summary_lines(record: dict) -> list[str]:

@@ -30,13 +30,19 @@ cache (`<root>/.served-blobs/<git oid>`) and served from there with Range suppor
 Safety: one parser reads the *raw* request path, percent-decodes each part once (anything still
 holding '%', a backslash or a control character is refused) and yields the route the handlers use,
 so nothing is checked in one form and used in another. Only GET/HEAD (and POST for paths-info) get
-through; a repo is served only when it is a valid `ORG/NAME`, a real (non-symlinked) git repository
-inside the root; a revision must be a branch, a tag or a commit of that repo, and a file path is
-looked up in the commit's tree listing, never on the file system.
+through, and only with a loopback `Host` (localhost, 127.0.0.1, [::1]: a DNS-rebinding page sends its own
+name); a repo is served only when it is a valid `ORG/NAME`, a real (non-symlinked) git repository
+inside the root whose git data is its own (no symlinked or gitfile `.git`, no alternates, no symlinked
+object store), read with an explicit `--git-dir` (git never searches the folders above); a revision must
+be a branch, a tag or a commit of that repo, and a file path is looked up in the commit's tree listing,
+never on the file system. Card front matter is parsed without YAML anchors or aliases (a "billion
+laughs" card has no metadata), hash sidecars are written whole (temp file + rename) and trusted only
+when they hold a SHA-256, and what is memoised is a bounded LRU that never keeps a miss.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -47,6 +53,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, unquote
@@ -69,6 +76,11 @@ LFS_SUFFIXES = (".safetensors", ".onnx", ".parquet", ".arrow", ".bin", ".pt", ".
                 ".7z", ".png", ".jpg", ".jpeg", ".gif", ".webp")
 LFS_MIN_SIZE = 10 << 20
 FRONT_MATTER = re.compile(r"\A\s*---\r?\n(.*?)\r?\n---[ \t]*(\r?\n|\Z)", re.DOTALL)
+MAX_FRONT_MATTER = 256 << 10  # a card's YAML (the release's are ~1 KiB); past it, the card has no metadata here
+MAX_YAML_DEPTH = 32  # nested mappings/lists in a card's YAML (the Hub's model-index: 5)
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")  # what a hash sidecar must hold, exactly, to be trusted
+MEMO_ENTRIES = 1024  # what a commit determines (tree, history, info, hashes), least recently used dropped first
+LOOPBACK_HOST = re.compile(r"(localhost|127\.0\.0\.1|\[::1\])(:[0-9]{1,5})?", re.IGNORECASE)  # fullmatch
 
 
 class Refused(Exception):
@@ -203,26 +215,57 @@ def _resolve_route(parts: list[str]) -> Route:  # [/datasets]/ORG/NAME/resolve/R
 
 
 def repo_dir(root: Path, repo_type: str, repo_id: str) -> Path:
-    """The repo's folder: a real git repository (no symlink on the way) inside `root`, else 404."""
+    """The repo's git directory (`<repo>/.git`, or the repo itself when bare): a real git repository (no
+    symlink on the way) inside `root` whose git data is its own, else 404."""
     path = root / repo_type / repo_id
     try:
-        inside = path.resolve() == path and root in path.parents  # `root` is resolved: no symlink below it
-        is_git = (path / ".git").is_dir() or ((path / "HEAD").is_file() and (path / "objects").is_dir())
+        inside = path.resolve() == path and root in path.parents and path.is_dir()  # `root` is resolved
+        git_dir = _own_git_dir(path) if inside else None
     except OSError:
-        inside = is_git = False
-    if not (inside and path.is_dir() and is_git):
+        git_dir = None
+    if git_dir is None:
         raise not_found()
-    return path
+    return git_dir
+
+
+def _own_git_dir(path: Path) -> Path | None:
+    """The git directory of the repo at `path` when everything git reads lies inside it: a real `.git`
+    folder (not a symlink, not a "gitdir:" file) or a bare layout, whose HEAD, config, refs and object
+    store are not symlinks, with no alternates (objects borrowed from another store) and no commondir
+    (a linked worktree's); None otherwise."""
+    dot = path / ".git"
+    if dot.is_symlink() or (os.path.lexists(dot) and not dot.is_dir()):
+        return None
+    git_dir = dot if dot.is_dir() else path
+    objects = git_dir / "objects"
+    if not (objects.is_dir() and (git_dir / "HEAD").is_file()):
+        return None
+    for name in ("HEAD", "config", "refs", "packed-refs", "objects", "objects/info", "objects/pack"):
+        if (git_dir / name).is_symlink():
+            return None
+    for name in ("commondir", "objects/info/alternates", "objects/info/http-alternates"):
+        if os.path.lexists(git_dir / name):
+            return None
+    for folder in (objects, objects / "pack"):  # the fan-out folders and packs: none of them a symlink
+        with os.scandir(folder) if folder.is_dir() else contextlib.nullcontext(()) as entries:
+            if any(e.is_symlink() for e in entries):
+                return None
+    return git_dir
 
 
 # ---------------------------------------------------------------- git, read-only
-GIT_ENV = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0",
-           "GIT_LITERAL_PATHSPECS": "1", "LC_ALL": "C"}
+# Nothing of the caller's git environment (GIT_DIR, GIT_OBJECT_DIRECTORY, GIT_ALTERNATE_OBJECT_DIRECTORIES, ...)
+# reaches the server's git: each call names its repo's git directory itself.
+GIT_ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("GIT_")}, "GIT_CONFIG_NOSYSTEM": "1",
+           "GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0", "GIT_LITERAL_PATHSPECS": "1",
+           "GIT_NO_REPLACE_OBJECTS": "1", "GIT_ATTR_NOSYSTEM": "1", "LC_ALL": "C"}
 
 
 def git(repo: Path, *args: str, stdout=subprocess.PIPE) -> bytes:
-    out = subprocess.run(["git", "-C", str(repo), *args], stdout=stdout, stderr=subprocess.PIPE, env=GIT_ENV,
-                         check=False)
+    """git on the repo whose git directory is `repo` (as `repo_dir` gives it): never discovered, so never a
+    repository above it."""
+    out = subprocess.run(["git", f"--git-dir={repo}", *args], stdout=stdout, stderr=subprocess.PIPE, env=GIT_ENV,
+                         check=False, cwd=repo)
     if out.returncode != 0:
         raise RuntimeError(f"git {args[0]} failed in {repo}: {out.stderr.decode(errors='replace').strip()[:300]}")
     return out.stdout
@@ -246,17 +289,24 @@ class Hub:
     def __init__(self, root: Path, blobs: Path | None = None):
         self.root = Path(root).resolve()
         self.blobs = blobs or _blob_cache(self.root)
-        self._memo: dict = {}
+        self._memo: OrderedDict = OrderedDict()  # an LRU of at most MEMO_ENTRIES
         self._lock = threading.Lock()
 
-    def memo(self, key, compute):
-        try:
-            return self._memo[key]
-        except KeyError:
-            value = compute()
+    def memo(self, key, compute, keep=None):
+        """compute(), remembered under `key` (when `keep(value)`, if given): the least recently used of more
+        than MEMO_ENTRIES are dropped, so no stream of distinct requests grows the server."""
+        with self._lock:
+            if key in self._memo:
+                self._memo.move_to_end(key)
+                return self._memo[key]
+        value = compute()
+        if keep is None or keep(value):
             with self._lock:
                 self._memo[key] = value
-            return value
+                self._memo.move_to_end(key)
+                while len(self._memo) > MEMO_ENTRIES:
+                    self._memo.popitem(last=False)
+        return value
 
     # refs and revisions
     def refs(self, repo: Path) -> dict:
@@ -279,7 +329,8 @@ class Hub:
             if revision.startswith(prefix) and revision[len(prefix):] in refs[kind]:
                 return refs[kind][revision[len(prefix):]]
         # any other name, e.g. the Hub's refs/pr/1 or refs/convert/parquet: no such ref here (RevisionNotFound)
-        if COMMIT.match(revision) and self.memo(("is-commit", repo, revision), lambda: self._is_commit(repo, revision)):
+        if COMMIT.match(revision) and self.memo(("is-commit", repo, revision), lambda: self._is_commit(repo, revision),
+                                                keep=bool):  # a miss is not remembered: no entry per unknown name
             return revision
         raise not_found("revision")
 
@@ -331,7 +382,7 @@ class Hub:
     def blob_file(self, repo: Path, oid: str) -> Path:
         """The blob's bytes as a file of the content-addressed cache (written once, atomically)."""
         path = self.blobs / oid
-        if not path.is_file():
+        if path.is_symlink() or not path.is_file():  # the cache's own files only
             self.blobs.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.blobs, prefix=".tmp-")
             try:
@@ -344,22 +395,26 @@ class Hub:
         return path
 
     def sha256(self, repo: Path, oid: str) -> str:
+        """The blob's SHA-256 (its LFS oid and ETag), from its sidecar `<oid>.sha256` when that holds exactly
+        64 hex digits, else computed and the sidecar written whole (temp file, then rename)."""
         def compute():
             side = self.blobs / f"{oid}.sha256"
-            if side.is_file():
-                return side.read_text().strip()
+            cached = _read_sidecar(side)
+            if cached is not None:
+                return cached
             h = hashlib.sha256()
             with open(self.blob_file(repo, oid), "rb") as f:
                 for chunk in iter(lambda: f.read(1 << 20), b""):
                     h.update(chunk)
-            side.write_text(h.hexdigest())
-            return h.hexdigest()
+            digest = h.hexdigest()
+            _write_whole(side, digest.encode())
+            return digest
         return self.memo(("sha256", oid), compute)
 
     def small_file(self, repo: Path, entry: Entry | None):
         if entry is None or entry.type != "file" or entry.size > MAX_META:
             return None
-        return self.memo(("blob", entry.oid), lambda: git(repo, "cat-file", "blob", entry.oid))
+        return git(repo, "cat-file", "blob", entry.oid)  # read once per commit's `info`, which is memoised
 
     # the Hub's JSON shapes
     def entry_json(self, repo: Path, commit: str, e: Entry, expand: bool = False) -> dict:
@@ -450,6 +505,31 @@ def _blob_cache(root: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix="icl-zoo-hub-blobs-"))
 
 
+def _read_sidecar(side: Path) -> str | None:
+    """A sidecar's SHA-256 when it is a plain file holding exactly 64 lowercase hex digits, else None."""
+    try:
+        if side.is_symlink():
+            return None
+        with open(side, "rb") as f:
+            text = f.read(65)
+    except OSError:
+        return None
+    return text.decode("ascii") if SHA256_HEX.fullmatch(text.decode("ascii", errors="replace")) else None
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    """`data` at `path`, written under a temporary name in the same folder and renamed over it: a reader
+    (another request, another server) sees the old file or the whole new one, never a part."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def is_lfs(e: Entry) -> bool:
     return e.path.lower().endswith(LFS_SUFFIXES) or e.size >= LFS_MIN_SIZE
 
@@ -465,13 +545,34 @@ def card_data(text: bytes | None) -> dict:
     if not text:
         return {}
     m = FRONT_MATTER.match(text.decode("utf-8", errors="replace"))
-    if not m:
+    if not m or len(m.group(1)) > MAX_FRONT_MATTER:
         return {}
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        data = yaml.safe_load(m.group(1))
-    except yaml.YAMLError:
+        if not _plain_yaml(yaml.parse(m.group(1), Loader=loader)):
+            return {}
+        data = yaml.load(m.group(1), Loader=loader)  # a safe loader, on YAML checked plain above
+        return json.loads(json.dumps(data, default=str)) if isinstance(data, dict) else {}  # JSON-clean (dates)
+    except (yaml.YAMLError, ValueError, RecursionError, OverflowError):  # e.g. an int past int()'s digit limit
         return {}
-    return json.loads(json.dumps(data, default=str)) if isinstance(data, dict) else {}  # JSON-clean (dates)
+
+
+def _plain_yaml(events) -> bool:
+    """Whether a YAML event stream is plain data: no anchor and no alias (a few hundred bytes of aliases
+    expand to billions of nodes once they are copied out), nesting at most MAX_YAML_DEPTH deep."""
+    import yaml
+
+    depth = 0
+    for event in events:
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            return False
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                return False
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+    return True
 
 
 def json_file(text: bytes | None):
@@ -677,6 +778,7 @@ class App:
 
         method = scope["method"]
         try:
+            check_host(scope.get("headers", []))
             route = parse(method, scope.get("raw_path") or b"", scope["path"])
             body = await _read_body(receive) if method == "POST" else b""
             params = QueryParams(scope.get("query_string", b""))
@@ -726,6 +828,15 @@ class App:
         if is_lfs(entry):
             hdrs.update({"x-linked-etag": f'"{etag}"', "x-linked-size": str(entry.size)})
         return "file", (hub.blob_file(repo, entry.oid), hdrs)
+
+
+def check_host(headers) -> None:
+    """One `Host` header naming the loopback (localhost, 127.0.0.1 or [::1], any port), else 403: a page on
+    another site whose name was rebound to 127.0.0.1 (DNS rebinding) sends its own name and is refused."""
+    hosts = [v.decode("latin-1") for k, v in headers if k.lower() == b"host"]
+    if len(hosts) != 1 or not LOOPBACK_HOST.fullmatch(hosts[0]):
+        raise Refused(403, "the local hub answers only requests to localhost, 127.0.0.1 or [::1] "
+                           "(its Host header names another host)")
 
 
 async def _read_body(receive) -> bytes:

@@ -7,12 +7,18 @@ least squares and any outside model, each scored by zoo.publishing.benchmark on 
 
 The release carries one per task (`write_leaderboards(release_root)` → release/leaderboards/<task>.md
 and .png), and each task's dataset card links its own.
+
+A model's name is data, never markup: `validate_name` takes 1–64 letters, digits, spaces and - _ . + ( )
+and refuses anything else in one line, before anything is scored, and again when a board is drawn
+(a `Leaderboard` built by hand); the references' own labels are backslash-escaped where Markdown would
+read them (`*GD, 1 step at η\\* = …*`).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +26,34 @@ from zoo.publishing.benchmark import as_candidate, checkpoint_candidate, load_fr
 
 FOLDER = "leaderboards"  # in the release root
 KIND_COLOURS = {"released": "C0", "reference": "0.3", "outside": "C3"}
+# A model's name on a board is data, never markup: letters, digits, spaces and - _ . + ( ), at most 64, no
+# space at either end. Nothing of Markdown (| * ` # [ ] ! < >), HTML or matplotlib's mathtext ($) gets through.
+NAME = re.compile(r"^[A-Za-z0-9_.+()-](?:[A-Za-z0-9 _.+()-]{0,62}[A-Za-z0-9_.+()-])?$")
+MAX_NAME = 64
+MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]<>|!~&#$])")  # backslash-escaped in the labels the zoo writes
+
+
+def validate_name(name) -> str:
+    """`name` when it may stand on a leaderboard (see NAME), else ValueError in one line."""
+    if isinstance(name, str) and NAME.match(name):
+        return name
+    shown = ascii(name[:MAX_NAME + 1]) + ("…" if len(name) > MAX_NAME + 1 else "") if isinstance(name, str) \
+        else f"{type(name).__name__} {repr(name)[:40]!a}"  # ascii(): one printable line whatever it holds
+    raise ValueError(f"leaderboard name {shown}: a name is 1 to {MAX_NAME} letters, digits, spaces and - _ . + ( ), "
+                     "without a space at either end (names are shown as data, never markup)")
+
+
+def _checked(board: Leaderboard) -> list[Row]:
+    """The board's rows, each model's name validated (a board built by hand or read back goes through it too)."""
+    for r in board.rows:
+        if r.kind != "reference":  # the references' labels are the zoo's own, escaped where drawn
+            validate_name(r.name)
+    return board.rows
+
+
+def _markdown_text(text: str) -> str:
+    """The zoo's own label as Markdown text: every character Markdown could read as markup backslash-escaped."""
+    return MARKDOWN_SPECIAL.sub(r"\\\1", text)
 
 
 @dataclass
@@ -80,6 +114,8 @@ def leaderboard(task: str, *, split: str = "test", add: dict | None = None, rele
     from zoo.storage.loading import load
     from zoo.storage.locate import release_dir
 
+    for name in add or {}:  # every name before anything is loaded or scored
+        validate_name(name)
     spec, task_obj, frozen = load_frozen(task, split)
     batch = frozen.batch(task_obj)
     regression = task_obj.has_gd_reference  # a teacher–student task has no GD or least squares
@@ -119,8 +155,9 @@ def markdown_table(board: Leaderboard) -> str:
     head = ["#", "model", "kind", "test loss ± s.e."]
     head += ["Δ GD ± s.e. (paired)", "prediction gap to GD", "sensitivity cosine"] if versus_gd else []
     lines = ["| " + " | ".join(head) + " |", "|---:" + "|---" * (len(head) - 1) + "|"]
-    for rank, r in enumerate(board.rows, 1):
-        cells = [str(rank), f"*{r.name}*" if r.kind == "reference" else f"`{r.name}`", r.kind, _pm(r.loss, r.loss_se)]
+    for rank, r in enumerate(_checked(board), 1):
+        name = f"*{_markdown_text(r.name)}*" if r.kind == "reference" else f"`{r.name}`"  # `name`: a checked name
+        cells = [str(rank), name, r.kind, _pm(r.loss, r.loss_se)]
         if versus_gd:
             cosine = _number(r.cosine, ".6f") + (" (finite differences)" if r.sensitivity == "finite differences" else "")
             cells += [_pm(r.diff, r.diff_se), _number(r.pred_gap, ".3g"), cosine]
@@ -156,7 +193,7 @@ def figure(board: Leaderboard, path: Path) -> Path:
 
     from zoo.science.analysis.plots import plt, save
 
-    rows = board.rows
+    rows = _checked(board)
     panels = 2 if board.gd_eta is not None else 1
     fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels + 2.5, 0.3 * len(rows) + 1.4), sharey=True, squeeze=False)
     axes = axes[0]
@@ -169,7 +206,8 @@ def figure(board: Leaderboard, path: Path) -> Path:
         if panels == 2:
             axes[1].errorbar([rows[i].diff for i in at], at, xerr=[rows[i].diff_se for i in at], fmt="o", ms=4,
                              capsize=2, color=colour)
-    axes[0].set_yticks(np.arange(len(rows)), [r.name for r in rows], fontsize=8)
+    labels = [r.name.replace("$", r"\$") for r in rows]  # plain text, never mathtext
+    axes[0].set_yticks(np.arange(len(rows)), labels, fontsize=8)
     axes[0].invert_yaxis()
     axes[0].set_xscale("log")
     axes[0].set_xlabel("test loss (½·MSE) ± s.e.")
