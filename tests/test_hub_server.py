@@ -273,7 +273,7 @@ def _model_listing(h):
     assert [m.id for m in api.list_models(filter=[tag, "onnx"], author="icl-zoo")] == [ORG_ENTRY]
     assert list(api.list_models(filter="no-such-tag")) == [] and list(api.list_models(search="nothing-like-it")) == []
     (m,) = api.list_models(author="icl-zoo", cardData=True)
-    assert m.pipeline_tag == h.card["pipeline_tag"] and m.card_data.get("tags") == h.card["tags"]
+    assert m.pipeline_tag == h.card.get("pipeline_tag") and m.card_data.get("tags") == h.card["tags"]
 
 
 def _dataset_listing(h):
@@ -289,7 +289,7 @@ def _model_info(h):
     for info in (latest, tagged):
         assert set(h.card["tags"]) <= set(info.tags)  # what the card says, plus what the Hub derives:
         assert {"safetensors", "onnx", f"license:{h.card['license']}"} | {f"dataset:{d}" for d in h.card["datasets"]} <= set(info.tags)
-        assert info.pipeline_tag == h.card["pipeline_tag"] and info.library_name == h.card["library_name"]
+        assert info.pipeline_tag == h.card.get("pipeline_tag") and info.library_name == h.card["library_name"]
         assert info.card_data.to_dict()["model-index"] == h.card["model-index"]
         assert info.config == json.loads((h.folder / "config.json").read_text())
         params = _parameters(h.folder / "model.safetensors")

@@ -34,6 +34,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from zoo.running.train import Step, default_device, fit, lr_factor, make_optimizer
+from zoo.science.models.base import ZooModel
 
 WARMUP_STEPS = 5  # steps left out of the measured rate: compilation, or a CUDA graph's 3 eager steps and its capture
 
@@ -51,8 +52,9 @@ class StackedParameters(nn.Module):
         self.names = list(stacked)
         for name, value in stacked.items():
             self.register_parameter(_safe(name), nn.Parameter(value.detach().clone()))
-        self._exempt = {_safe(n) for n in base.no_weight_decay()}
-        self._recurrent = {_safe(n) for n in base.recurrent_parameter_names()}
+        hooks = isinstance(base, ZooModel)  # a plain module declares no hooks
+        self._exempt = {_safe(n) for n in base.no_weight_decay()} if hooks else set()
+        self._recurrent = {_safe(n) for n in base.recurrent_parameter_names()} if hooks else set()
 
     def by_name(self) -> dict[str, torch.Tensor]:
         return {n: getattr(self, _safe(n)) for n in self.names}

@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+import torch
+
 from zoo.science.models.base import ConstructionRule, Family, NotRecurrentError, ZooModel
 from zoo.science.models.fast_weight import FastWeightRNN
 from zoo.science.models.gated_rnn import GatedLinearRNN
@@ -61,7 +63,8 @@ def recipe_problem(arch, task_spec, recipe) -> str | None:
     name none of its parameters."""
     if recipe.recurrent_lr is None and not recipe.freeze:
         return None
-    model = create_model(arch, task_spec.build())  # small (the largest entry has 170k parameters)
+    with torch.random.fork_rng(devices=[]):  # validating an entry never moves the global generator
+        model = create_model(arch, task_spec.build())  # small (the largest entry has 170k parameters)
     if recipe.recurrent_lr is not None and not model.recurrent_parameter_names():
         return (f"field 'source.recurrent_lr': arch type '{arch.type}' has no recurrent parameters for it to apply "
                 "to (remove it)")
