@@ -411,14 +411,28 @@ def _format_errors(file: Path, kind: str, name: str, err: ValidationError) -> st
 def load_registry(directory: Path = ENTRIES_DIR) -> Registry:
     """Every entry file of `directory`. Declared departures (`[deviations.<id>]`, in any file) are
     one namespace: an entry names the ones that apply to it (`deviation = ["<id>", ...]`). A file's
-    `[paper]` table (citation, prose, links) is what its entries' cards cite."""
-    tasks: dict[str, TaskSpec] = {}
-    entries: dict[str, Entry] = {}
-    papers: dict[str, PaperInfo] = {}
+    `[paper]` table (citation, prose, links) is what its entries' cards cite. Every problem of every file is
+    collected, then raised as one RegistryError naming file, entry and field."""
     errors: list[str] = []
+    docs, papers, deviations = _read_files(Path(directory), errors)
+    tasks = _read_tasks(docs, errors)
+    entries, used = _read_entries(docs, deviations, errors)
+    for unused in sorted(set(deviations) - used):
+        errors.append(f"{deviations[unused][0].name}: [deviations.{unused}] is declared but no entry names it")
+    for entry in entries.values():
+        errors += _entry_problems(entry, entries, tasks)
+    if errors:
+        raise RegistryError("invalid zoo registry:\n" + "\n".join(errors))
+    return Registry(tasks, entries, papers)
+
+
+def _read_files(directory: Path, errors: list[str]):
+    """Each entry file parsed: (file, document) pairs, the `[paper]` tables by file name, and the declared
+    departures by id (with the file declaring each)."""
     docs: list[tuple[Path, dict]] = []
+    papers: dict[str, PaperInfo] = {}
     deviations: dict[str, tuple[Path, dict]] = {}
-    for file in sorted(Path(directory).glob("*.toml")):
+    for file in sorted(directory.glob("*.toml")):
         try:
             doc = tomllib.loads(file.read_text())
         except tomllib.TOMLDecodeError as e:
@@ -441,19 +455,31 @@ def load_registry(directory: Path = ENTRIES_DIR) -> Registry:
             else:
                 deviations[name] = (file, raw)
         docs.append((file, doc))
-    used: set[str] = set()
+    return docs, papers, deviations
+
+
+def _read_tasks(docs, errors: list[str]) -> dict[str, TaskSpec]:
+    tasks: dict[str, TaskSpec] = {}
     for file, doc in docs:
         for name, raw in doc.get("tasks", {}).items():
             if not KEBAB.match(name):
                 errors.append(f"{file.name}: task '{name}': the name must be kebab-case (lowercase letters, digits, '-')")
-                continue
-            if name in tasks:
+            elif name in tasks:
                 errors.append(f"{file.name}: task '{name}': duplicate name")
-                continue
-            try:
-                tasks[name] = TASK_ADAPTER.validate_python(raw)
-            except ValidationError as e:
-                errors.append(_format_errors(file, "task", name, e))
+            else:
+                try:
+                    tasks[name] = TASK_ADAPTER.validate_python(raw)
+                except ValidationError as e:
+                    errors.append(_format_errors(file, "task", name, e))
+    return tasks
+
+
+def _read_entries(docs, deviations: dict, errors: list[str]) -> tuple[dict[str, Entry], set[str]]:
+    """The `[models.*]` of every file validated, their `deviation` ids resolved to the declared tables; also
+    the ids some entry names."""
+    entries: dict[str, Entry] = {}
+    used: set[str] = set()
+    for file, doc in docs:
         for name, raw in doc.get("models", {}).items():
             if name in entries:
                 errors.append(f"{file.name}: entry '{name}': duplicate name (also in {entries[name].file})")
@@ -477,33 +503,31 @@ def load_registry(directory: Path = ENTRIES_DIR) -> Registry:
                                                      context={"registry": True})
             except ValidationError as e:
                 errors.append(_format_errors(file, "entry", name, e))
-    for unused in sorted(set(deviations) - used):
-        errors.append(f"{deviations[unused][0].name}: [deviations.{unused}] is declared but no entry names it")
-    for entry in entries.values():
-        if entry.paper_recipe is not None and (entry.paper_recipe not in entries or not entry.deviation):
-            errors.append(f"{entry.file}: entry '{entry.name}': field 'paper_recipe': needs a 'deviation' and an "
-                          f"existing entry, got {entry.paper_recipe!r}")
-        if entry.task not in tasks:
-            errors.append(f"{entry.file}: entry '{entry.name}': field 'task': unknown task {entry.task!r}")
-        elif entry.source.kind == "constructed":
-            problem = construction_problem(entry.arch, tasks[entry.task], entry.source)
-            if problem:
-                errors.append(f"{entry.file}: entry '{entry.name}': field 'source.construction': {problem}")
-        elif entry.source.init:
-            if "init_eta" in entry.source.model_fields_set and "eta" not in CONSTRUCTION_SOURCES[entry.source.init].model_fields:
-                errors.append(f"{entry.file}: entry '{entry.name}': field 'source.init_eta': "
-                              f"'{entry.source.init}' takes no eta")
-                continue
-            problem = construction_problem(entry.arch, tasks[entry.task], initial_construction(entry).source)
-            if problem:
-                errors.append(f"{entry.file}: entry '{entry.name}': field 'source.init': {problem}")
-        if entry.task in tasks and entry.source.kind == "trained":
-            problem = recipe_problem(entry.arch, tasks[entry.task], entry.source)
-            if problem:
-                errors.append(f"{entry.file}: entry '{entry.name}': {problem}")
-    if errors:
-        raise RegistryError("invalid zoo registry:\n" + "\n".join(errors))
-    return Registry(tasks, entries, papers)
+    return entries, used
+
+
+def _entry_problems(entry: Entry, entries: dict[str, Entry], tasks: dict[str, TaskSpec]) -> list[str]:
+    """What an entry asks that the rest of the registry or its family cannot give: an unknown task or paper
+    recipe, a construction that does not apply, training settings the family cannot honour."""
+    where = f"{entry.file}: entry '{entry.name}'"
+    problems = []
+    if entry.paper_recipe is not None and (entry.paper_recipe not in entries or not entry.deviation):
+        problems.append(f"{where}: field 'paper_recipe': needs a 'deviation' and an existing entry, "
+                        f"got {entry.paper_recipe!r}")
+    if entry.task not in tasks:
+        return problems + [f"{where}: field 'task': unknown task {entry.task!r}"]
+    task = tasks[entry.task]
+    if entry.source.kind == "constructed":
+        problem = construction_problem(entry.arch, task, entry.source)
+        return problems + ([f"{where}: field 'source.construction': {problem}"] if problem else [])
+    if entry.source.init:
+        if "init_eta" in entry.source.model_fields_set and "eta" not in CONSTRUCTION_SOURCES[entry.source.init].model_fields:
+            return problems + [f"{where}: field 'source.init_eta': '{entry.source.init}' takes no eta"]
+        problem = construction_problem(entry.arch, task, initial_construction(entry).source)
+        if problem:
+            problems.append(f"{where}: field 'source.init': {problem}")
+    problem = recipe_problem(entry.arch, task, entry.source)
+    return problems + ([f"{where}: {problem}"] if problem else [])
 
 
 @functools.lru_cache(maxsize=1)

@@ -9,8 +9,10 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from zoo.science.analysis import plots
+from zoo.science.expected import check, measurements, verdict
 from zoo.science.metrics import METRICS
 from zoo.science.models import FAMILY_OF_TYPE
+from zoo.science.registry import default_registry, get_task_spec
 from zoo.storage.locate import ORG
 from zoo.storage.locate import VERSION as RELEASE_TAG  # the tag every released model and dataset repo carries
 from zoo.storage.manifest import CARD_MARKER  # noqa: F401  (cli's publish asks whether a README.md is a generated card)
@@ -35,8 +37,6 @@ def _papers() -> dict:
 def _paper(entry) -> dict:
     """What the entry's file cites: its own `[paper]` table (zoo/science/entries/<file>.toml), else the table of
     model_cards/papers.toml named by the file's stem."""
-    from zoo.science.registry import default_registry
-
     own = default_registry().papers.get(entry.file)
     return own.model_dump(exclude_none=True) if own is not None else _papers().get(Path(entry.file).stem, {})
 
@@ -64,16 +64,12 @@ def paper_links(entry) -> list[dict]:
 
 def _is_registered(entry) -> bool:
     """Does the registry hold an entry of this name with the same definition (arch, source, task)?"""
-    from zoo.science.registry import default_registry
-
     registered = default_registry().entries.get(entry.name)
     return registered is not None and (registered.arch, registered.source, registered.task) == (entry.arch, entry.source, entry.task)
 
 
 def _registered(entry):
     """The registry's entry of the same name and definition (its current documentation), else `entry`."""
-    from zoo.science.registry import default_registry
-
     return default_registry().entries[entry.name] if _is_registered(entry) else entry
 
 
@@ -133,8 +129,6 @@ def teacher_model(entry) -> str | None:
 
 
 def _constructed_on_task(entry, wanted) -> str | None:
-    from zoo.science.registry import default_registry
-
     found = sorted((o for o in default_registry().entries.values()
                     if o.source.kind == "constructed" and o.task == entry.task and wanted(o)),
                    key=lambda o: (o.arch != entry.arch, o.name))
@@ -142,8 +136,6 @@ def _constructed_on_task(entry, wanted) -> str | None:
 
 
 def get_task_spec_of(entry):
-    from zoo.science.registry import get_task_spec
-
     try:
         return get_task_spec(entry.task)
     except KeyError:
@@ -208,12 +200,9 @@ def expected_column(entry) -> dict:
     return out
 
 
-def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
-                           dataset_repo: str | None = None, dataset_revision: str | None = None,
-                           extra_metrics: dict | None = None) -> Path:
-    """Render the model card and its figures into `folder`. `extra_metrics`: measurements a claim
-    needs beyond eval_results.json (zoo.science.expected.measurements), when the caller already has them."""
-    folder = Path(folder)
+def draw_figures(ckpt, folder: Path) -> list[dict]:
+    """The card's figures, drawn into `folder` from the checkpoint's own data: the loss curve, the alignment
+    with GD during training, loss against position, the family's weight matrices (each where it applies)."""
     entry, m = ckpt.entry, ckpt.metrics
     figures = []
     if ckpt.history:
@@ -233,22 +222,35 @@ def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
     if matrices is not None:
         plots.weight_matrices(matrices, folder / "weights.png", title=f"{entry.name}: {weights.title}")
         figures.append({"file": "weights.png", "alt": weights.alt})
+    return figures
 
-    src = entry.source
+
+def summarize_source(ckpt) -> str:
+    """How the weights were made, in one line: the construction and its hyper-parameters, or the training run."""
+    src = ckpt.entry.source
     if src.kind == "constructed":
         extra = ", ".join(f"{k} = {v:.6g}" if isinstance(v, float) else f"{k} = {v}" for k, v in (ckpt.construction or {}).items())
-        source_summary = f"constructed (`{src.construction}`; {extra})"
-    else:
-        p = ckpt.provenance
-        source_summary = (f"trained for {p.get('steps')} steps on {p.get('device')} (seed {p.get('seed')}): {'AdamW' if src.optimizer == 'adamw' else 'Adam + L2'} lr {src.lr:g}"
-                          f" ({src.schedule}), batch {src.batch_size}, weight decay {src.weight_decay:g}; fresh tasks every step")
-        if src.init:
-            source_summary += (f"; started from the `{src.init}` construction (η = {(ckpt.construction or {}).get('eta', 0):.6g})"
-                               + (f" with {', '.join(f'`{f}`' for f in src.freeze)} frozen" if src.freeze else ""))
+        return f"constructed (`{src.construction}`; {extra})"
+    p = ckpt.provenance
+    summary = (f"trained for {p.get('steps')} steps on {p.get('device')} (seed {p.get('seed')}): {'AdamW' if src.optimizer == 'adamw' else 'Adam + L2'} lr {src.lr:g}"
+               f" ({src.schedule}), batch {src.batch_size}, weight decay {src.weight_decay:g}; fresh tasks every step")
+    if src.init:
+        summary += (f"; started from the `{src.init}` construction (η = {(ckpt.construction or {}).get('eta', 0):.6g})"
+                    + (f" with {', '.join(f'`{f}`' for f in src.freeze)} frozen" if src.freeze else ""))
+    return summary
+
+
+def write_card_and_figures(ckpt, folder: Path, *, repo_id: str | None = None,
+                           dataset_repo: str | None = None, dataset_revision: str | None = None,
+                           extra_metrics: dict | None = None) -> Path:
+    """Render the model card and its figures into `folder`. `extra_metrics`: measurements a claim
+    needs beyond eval_results.json (zoo.science.expected.measurements), when the caller already has them."""
+    folder = Path(folder)
+    entry, m = ckpt.entry, ckpt.metrics
+    figures = draw_figures(ckpt, folder)
+    source_summary = summarize_source(ckpt)
     a = entry.arch
     arch_summary = f"`{a.type}` — " + ", ".join(f"{k}={v}" for k, v in a.model_dump().items() if k != "type")
-    from zoo.science.expected import check, measurements, verdict
-
     # the registry's entry of the same weights' definition (arch, source, task), not a variant: its current
     # documentation, expected values and declared departures (they may have changed since the build)
     current = _registered(entry)
