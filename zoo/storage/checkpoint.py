@@ -143,9 +143,8 @@ def open_checkpoint(path_or_repo, *, revision: str | None = None, endpoint: str 
     Hub repo id `ORG/NAME` or a bare registry entry name, located by zoo.storage.locate (the id validated, only the
     checkpoint's own files downloaded, a released entry checked against the shipped release index) and built from
     the bytes that were hashed. `download`: cache_dir, token, force_download, local_files_only."""
-    verified = locate(path_or_repo, revision=revision, endpoint=endpoint, names=default_registry().entries,
-                      unknown=unknown_entry_error, **download)
-    return read_checkpoint(verified, map_location)
+    return build_checkpoint(locate(path_or_repo, revision=revision, endpoint=endpoint, names=default_registry().entries,
+                                   unknown=unknown_entry_error, **download), map_location)
 
 
 def state_sha256(model: torch.nn.Module) -> str:
@@ -345,9 +344,14 @@ class Checkpoint(
 
 
 def read_checkpoint(folder: Path | VerifiedFolder, map_location: str | torch.device = "cpu") -> Checkpoint:
-    """Build the checkpoint from a folder (checked against its own config.json here) or from the files
-    `zoo.storage.locate` already read and checked; the model is built from those same bytes."""
+    """The checkpoint of a folder (checked against its own config.json here), or of the files `zoo.storage.locate`
+    already read and checked."""
     verified = folder if isinstance(folder, VerifiedFolder) else verify_files(Path(folder))
+    return build_checkpoint(verified, map_location)
+
+
+def build_checkpoint(verified: VerifiedFolder, map_location: str | torch.device = "cpu") -> Checkpoint:
+    """Build the checkpoint from files already read and hash-checked: the model from those same bytes."""
     folder, config = verified.folder, verified.config
     config_path = folder / CONFIG
 

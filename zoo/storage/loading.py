@@ -16,9 +16,13 @@ def load(path_or_repo, *, revision: str | None = None, endpoint: str | None = No
     config.json. `ckpt.trust` says which ("verified against release v…" or "self-consistent, not
     checked against a release").
 
-    The same resolver as `Checkpoint.from_pretrained` (zoo.storage.checkpoint.open_checkpoint): the id validated,
-    only the checkpoint's own files downloaded, the trust root checked, each file parsed from the hashed bytes."""
-    # deferred: zoo.storage.checkpoint imports torch, and importing this module loads none
-    from zoo.storage.checkpoint import open_checkpoint
+    The same resolver as `Checkpoint.from_pretrained` (zoo.storage.checkpoint.open_checkpoint: locate, then build
+    from the located files): the id validated, only the checkpoint's own files downloaded, the trust root
+    checked, each file parsed from the hashed bytes."""
+    # deferred: zoo.storage.checkpoint (and the registry) import torch, and importing this module loads none
+    from zoo.science.registry import default_registry, unknown_entry_error
+    from zoo.storage.checkpoint import build_checkpoint
+    from zoo.storage.locate import locate
 
-    return open_checkpoint(path_or_repo, revision=revision, endpoint=endpoint)
+    return build_checkpoint(locate(path_or_repo, revision=revision, endpoint=endpoint, names=default_registry().entries,
+                                   unknown=unknown_entry_error))
