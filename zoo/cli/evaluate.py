@@ -3,6 +3,7 @@ least squares, on the registry's frozen splits."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import sys
@@ -13,6 +14,7 @@ from zoo.cli.output import add_command, print_json, print_metrics
 from zoo.storage.atomic import write_text
 
 CHECKPOINT_ONLY_FLAGS = ("dataset", "input_scales", "weights", "loops", "gd_etas", "plot")
+BENCHMARK_ONLY_FLAGS = ("time_limit", "memory_limit", "output_limit")
 
 
 def register_variant_task(ckpt):
@@ -28,6 +30,9 @@ def cmd_eval(args) -> int:
     for; --task, --check or an ONNX file: the open benchmark (cmd_benchmark)."""
     if args.task or args.check or args.path.endswith(".onnx"):
         return cmd_benchmark(args)
+    used = [f"--{flag.replace('_', '-')}" for flag in BENCHMARK_ONLY_FLAGS if getattr(args, flag) is not None]
+    if used:
+        raise ValueError(f"{', '.join(used)}: only for an outside model, scored with --task or --check")
     if args.dataset and args.split != "test":
         raise ValueError("--dataset downloads the test split; score the validation split from the registry's seeds")
     if args.plot and args.loops and args.gd_etas:
@@ -143,14 +148,14 @@ def cmd_benchmark(args) -> int:
         if args.task and isinstance(record, dict) and record.get("task") != args.task:
             raise ValueError(f"--task {args.task}: the record {args.check} was scored on {record.get('task')!r}")
         verdict = benchmark.check(record if isinstance(record, dict) else {}, args.path, revision=args.revision,
-                                  endpoint=args.endpoint)
+                                  endpoint=args.endpoint, **limit_args(args))
         print(verdict.message)
         return 0 if verdict.confirmed else 1
     if not args.task:
         raise ValueError(f"{args.path}: give the task whose frozen split to score it on, --task TASK "
                          "(`zoo show ENTRY` shows an entry's task)")
     record = benchmark.evaluate(args.path, task=args.task, split=args.split, revision=args.revision,
-                                endpoint=args.endpoint)
+                                endpoint=args.endpoint, **limit_args(args))
     if args.out:  # only a scored model gets a record: a failure above leaves nothing behind
         write_text(args.out, json.dumps(record, indent=2, sort_keys=True) + "\n")
     if args.json:
@@ -173,8 +178,12 @@ def cmd_leaderboard(args) -> int:
             raise ValueError(f"--add {item!r}: expected NAME=MODEL with a new NAME (MODEL: an ONNX file, a Hub repo "
                              "holding one, or a checkpoint)")
         add[name] = model
-    board = leaderboard(args.task, split=args.split, add=add, entries=args.only,
-                        progress=None if args.quiet else lambda name: print(f"scoring {name}", file=sys.stderr))
+    # deferred: imports torch
+    from zoo.publishing.benchmark import bounds
+
+    with bounds(**limit_args(args)):  # the --add models' ONNX graphs run under these
+        board = leaderboard(args.task, split=args.split, add=add, entries=args.only,
+                            progress=None if args.quiet else lambda name: print(f"scoring {name}", file=sys.stderr))
     if args.json:
         print_json(dataclasses.asdict(board))
     else:
@@ -182,6 +191,48 @@ def cmd_leaderboard(args) -> int:
     for path in write(board, Path(args.out)):  # after every model is scored: a failure writes nothing
         print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+SIZE_SUFFIXES = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def byte_size(text: str) -> int:
+    """BYTES, or with a suffix K, M, G or T (powers of 1024; `2G`, `512M`, `1.5GiB`): a positive int."""
+    body = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = body[-1:] if body[-1:] in SIZE_SUFFIXES and body[-1:] else ""
+    try:
+        value = float(body[:-1] if unit else body) * SIZE_SUFFIXES[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected bytes, e.g. 2G, 512M or 1000000") from None
+    if not (value >= 1 and value < 2**63):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive size, e.g. 2G")
+    return int(value)
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value > 0 and value < float("inf")):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number of seconds")
+    return value
+
+
+def limit_args(args) -> dict:
+    """--time-limit, --memory-limit, --output-limit as `zoo.publishing.benchmark` takes them (None: the default)."""
+    return {"time_limit": args.time_limit, "memory_limit": args.memory_limit, "output_limit": args.output_limit}
+
+
+def add_limit_flags(s) -> None:
+    group = s.add_argument_group("limits on an outside ONNX graph (each ends it in one line naming the limit)")
+    group.add_argument("--time-limit", type=seconds, metavar="SECONDS",
+                       help="wall-clock seconds the graph may take to open, and for each pass over up to 2500 "
+                            "tasks (default 600)")
+    group.add_argument("--memory-limit", type=byte_size, metavar="BYTES",
+                       help="memory the graph may take above its process's start, e.g. 2G or 512M (default 2G)")
+    group.add_argument("--output-limit", type=byte_size, metavar="BYTES",
+                       help="bytes one call of the graph may return, e.g. 256M (default 256M)")
 
 
 def cmd_report(args) -> int:
@@ -207,6 +258,7 @@ def register(sub) -> None:
     s.add_argument("--out", default="leaderboards", help="folder for TASK.md and TASK.png (default: leaderboards)")
     s.add_argument("--json", action="store_true", help="print the ranked rows as JSON instead of the table")
     s.add_argument("--quiet", action="store_true")
+    add_limit_flags(s)
     s.set_defaults(fn=cmd_leaderboard)
 
     s = add_command(sub, "report", "compare checkpoints (or sweep folders) with GD and least squares",
@@ -251,4 +303,5 @@ def register_eval(sub) -> None:
     s.add_argument("--check", metavar="RECORD", help="score the model again as RECORD (a --json/--out record) says, "
                                                      "and confirm or refute it (exit 1 when refuted)")
     s.add_argument("--out", metavar="JSON", help="with --task: also write the record here (only if scoring succeeds)")
+    add_limit_flags(s)
     s.set_defaults(fn=cmd_eval)

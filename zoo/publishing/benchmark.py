@@ -38,17 +38,34 @@ int or float within CHECK_RTOL (a string, null, a bool, a missing or an extra me
 What the record decides about the re-score (task, split, the k of each k-step GD reference, the
 sensitivity method) is checked first and bounded (k ≤ MAX_GD_STEPS, at most MAX_GD_REFERENCES of them):
 anything else is refused in one line before anything runs.
+
+**Outside models run bounded.** An ONNX graph runs in a child process (`_GraphProcess`) under three
+limits, each a keyword of `evaluate` and `check` (`Limits`; `zoo eval --time-limit/--memory-limit/
+--output-limit`; `bounds(...)` sets them for a block, as `zoo leaderboard` does): the wall-clock time the
+graph may take to open or to run one pass (one call of `run`, at most TASKS_PER_PASS tasks; 600 s), the memory it may take above its process's start (2 GiB, RLIMIT_AS) and the
+bytes one call may return (256 MiB; the contract's (B, T, d_out) floats are far less). A call that needs
+more memory is fed again half the tasks at a time (and so are later calls), down to one task. Reaching a
+limit stops the graph with one line naming it. Zoo checkpoints, torch modules and functions run in-process.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import json
 import math
+import os
 import re
+import select
+import struct
+import subprocess
+import sys
 import tempfile
+import time
+import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +105,265 @@ class BenchmarkError(ValueError):
     """A model does not keep the open-benchmark contract (one line: the model, and what was expected)."""
 
 
+# ---------------------------------------------------------------- outside graphs run bounded
+@dataclass(frozen=True)
+class Limits:
+    """What an outside ONNX graph may use: seconds of wall-clock time to open it and for each pass over a
+    batch of tasks (scoring makes at most (1 + 2·d_x)·⌈N / TASKS_PER_PASS⌉ passes), bytes of memory above its
+    process's start, bytes one call may return."""
+
+    time_limit: float = 600.0
+    memory_limit: int = 2 * 2**30
+    output_limit: int = 256 * 2**20
+
+    def __post_init__(self):
+        for key in ("time_limit", "memory_limit", "output_limit"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{key}={value!r}: expected a positive finite number")
+
+
+DEFAULT_LIMITS = Limits()
+_LIMITS: contextvars.ContextVar[Limits] = contextvars.ContextVar("icl_zoo_benchmark_limits", default=DEFAULT_LIMITS)
+
+
+def limits(time_limit: float | None = None, memory_limit: int | None = None, output_limit: int | None = None) -> Limits:
+    """The limits in force (bounds(...) or the defaults) with those given replaced."""
+    given = {k: v for k, v in (("time_limit", time_limit), ("memory_limit", memory_limit),
+                                ("output_limit", output_limit)) if v is not None}
+    return replace(_LIMITS.get(), **given)
+
+
+@contextlib.contextmanager
+def bounds(time_limit: float | None = None, memory_limit: int | None = None, output_limit: int | None = None):
+    """Within the block, outside ONNX graphs run under these limits (the others as before)."""
+    token = _LIMITS.set(limits(time_limit, memory_limit, output_limit))
+    try:
+        yield _LIMITS.get()
+    finally:
+        _LIMITS.reset(token)
+
+
+def shown_bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{int(n)} bytes"
+
+
+# The child: numpy and ONNX Runtime only (no torch), its address space capped right after those imports.
+# Frames: 8-byte little-endian length, then the bytes. In: the limits (JSON), the graph; then per call a
+# header (JSON: shape) and the float32 tokens. Out: a JSON header, then (per call) the output's bytes.
+_WORKER = r"""
+import json, os, resource, struct, sys
+import numpy as np
+import onnxruntime as ort
+inp, out = sys.stdin.buffer, sys.stdout.buffer
+def read():
+    head = inp.read(8)
+    if len(head) < 8:
+        sys.exit(0)
+    (n,) = struct.unpack("<Q", head)
+    return inp.read(n)
+def send(header, data=b""):
+    raw = json.dumps(header).encode()
+    out.write(struct.pack("<Q", len(raw)) + raw)
+    if data:
+        out.write(struct.pack("<Q", len(data)))
+        out.write(data)
+    out.flush()
+def status():
+    found = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmPeak", "VmHWM", "VmSize", "VmRSS"):
+                found[key] = int(value.split()[0]) * 1024
+    return found
+def memory_error(e):
+    text = str(e).lower()
+    return isinstance(e, MemoryError) or "bad_alloc" in text or "alloc" in text and ("fail" in text or "memory" in text)
+config = json.loads(read())
+start = status()["VmSize"]
+soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+cap = start + int(config["memory_limit"])
+resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
+try:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    options.enable_cpu_mem_arena = False  # what the graph holds is what it uses: no arena rounding it up to 2x
+    session = ort.InferenceSession(read(), options, providers=["CPUExecutionProvider"])
+    name = session.get_outputs()[0].name
+    send({"inputs": [{"name": i.name, "type": i.type, "shape": [d if isinstance(d, int) else None for d in i.shape]}
+                     for i in session.get_inputs()],
+          "meta": dict(session.get_modelmeta().custom_metadata_map), "start": start})
+except BaseException as e:
+    send({"error": (str(e).strip().splitlines() or [type(e).__name__])[0][:300],
+          "memory": memory_error(e), "stage": "open"})
+    sys.exit(0)
+while True:
+    header = json.loads(read())
+    tokens = np.frombuffer(read(), dtype=np.float32).reshape(header["shape"])
+    try:
+        result = np.asarray(session.run([name], {"tokens": tokens})[0])
+    except BaseException as e:
+        send({"error": (str(e).strip().splitlines() or [type(e).__name__])[0][:300], "memory": memory_error(e)})
+        continue
+    if result.dtype.kind not in "fiub":
+        send({"error": f"an output of dtype {result.dtype}; the contract expects float predictions", "memory": False})
+    elif result.nbytes > config["output_limit"]:
+        send({"too_big": int(result.nbytes), "shape": list(result.shape)})
+    else:
+        result = np.ascontiguousarray(result)
+        send({"dtype": result.dtype.str, "shape": list(result.shape), **status()}, result.tobytes())
+"""
+
+
+class _GraphProcess:
+    """One outside graph in its own process, under `limits`: `run(tokens)` returns its first output, or
+    raises BenchmarkError in one line naming the limit reached (the process is then ended)."""
+
+    def __init__(self, raw: bytes, where: str, limits: Limits):
+        self.where, self.limits, self.used, self.total = where, limits, 0.0, 0.0  # seconds: this pass, in all
+        self.peak: dict = {}  # the process's VmPeak (address space), VmHWM (resident), in bytes
+        self.rows: int | None = None  # tasks per call, once a call needed more than the memory limit
+        env = {**os.environ, "MALLOC_ARENA_MAX": "2", "OMP_NUM_THREADS": "1"}
+        self.process = subprocess.Popen([sys.executable, "-c", _WORKER], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        self._finalizer = weakref.finalize(self, _end, self.process)
+        self._send(json.dumps({"memory_limit": int(limits.memory_limit),
+                               "output_limit": int(limits.output_limit)}).encode(), "while opening it")
+        self._send(raw, "while opening it")
+        header = self._header("while opening it")
+        if "error" in header:
+            self.close()
+            if header.get("memory"):
+                raise BenchmarkError(self._memory_line("while opening it"))
+            raise BenchmarkError(f"{where}: ONNX Runtime cannot open it: {header['error']}")
+        self.inputs, self.meta, self.start = header["inputs"], header["meta"], header["start"]
+
+    def run(self, tokens: np.ndarray) -> np.ndarray:
+        """The graph's output on `tokens`. A call that needs more than the memory limit is run again on half
+        as many tasks (and later calls too), down to one task; one task that needs more ends the graph."""
+        if self.process.poll() is not None:
+            raise BenchmarkError(f"{self.where}: its process has already been stopped")
+        tokens = np.ascontiguousarray(tokens, dtype=np.float32)
+        self.used = 0.0  # the time limit holds for each pass
+        n = tokens.shape[0] if tokens.ndim else 1
+        rows, pieces, done = min(self.rows or n, n) or 1, [], 0
+        while done < n or not pieces:
+            piece = tokens[done:done + rows] if tokens.ndim else tokens
+            out = self._call(piece, f"on tokens {tuple(tokens.shape)}")
+            if out is None:  # above the memory limit
+                if rows <= 1 or tokens.ndim == 0:
+                    self.close()
+                    raise BenchmarkError(self._memory_line(f"on tokens {tuple(piece.shape)}"))
+                rows = self.rows = max(1, rows // 2)
+                continue
+            if rows < n and (out.ndim == 0 or out.shape[0] != piece.shape[0]):
+                raise BenchmarkError(f"{self.where}: output shape {out.shape} on {piece.shape[0]} tasks; the contract "
+                                     "expects the batch axis first")
+            pieces.append(out)
+            done += piece.shape[0] if tokens.ndim else 1
+            returned = sum(p.nbytes for p in pieces)
+            if returned > self.limits.output_limit:  # the cap holds for the pass, however it is split
+                self.close()
+                raise BenchmarkError(self._output_line(returned, None, f"on tokens {tuple(tokens.shape)}"))
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+    def _call(self, tokens: np.ndarray, on: str) -> np.ndarray | None:
+        """One call of the graph; None when it needed more than the memory limit."""
+        self._send(json.dumps({"shape": list(tokens.shape)}).encode(), on)
+        self._send(tokens.tobytes(), on)
+        header = self._header(on)
+        if "error" in header:
+            if header.get("memory"):
+                return None
+            raise BenchmarkError(f"{self.where}: ONNX Runtime failed {on}: {header['error']}")
+        if "too_big" in header:
+            self.close()
+            raise BenchmarkError(self._output_line(header["too_big"], header["shape"], on))
+        shape, dtype = tuple(header["shape"]), np.dtype(header["dtype"])
+        size = dtype.itemsize * math.prod(shape)
+        if size > self.limits.output_limit:
+            self.close()
+            raise BenchmarkError(self._output_line(size, shape, on))
+        data = self._frame(on, most=size)
+        self.peak = {k: max(v, self.peak.get(k, 0)) for k, v in header.items() if k.startswith("Vm")}
+        return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
+
+    def close(self) -> None:
+        self._finalizer()
+
+    # -- the pipe, with the time left
+    def _send(self, data: bytes, on: str) -> None:
+        try:
+            self.process.stdin.write(struct.pack("<Q", len(data)))
+            self.process.stdin.write(data)
+            self.process.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise BenchmarkError(self._died_line(on)) from None
+
+    def _header(self, on: str) -> dict:
+        return json.loads(self._frame(on, most=1 << 20))
+
+    def _frame(self, on: str, most: int) -> bytes:
+        (n,) = struct.unpack("<Q", self._read(8, on))
+        if n > most:
+            self.close()
+            raise BenchmarkError(self._output_line(n, None, on))
+        return self._read(n, on)
+
+    def _read(self, n: int, on: str) -> bytes:
+        fd, chunks, got = self.process.stdout.fileno(), [], 0
+        while got < n:
+            left = self.limits.time_limit - self.used
+            began = time.monotonic()
+            ready = select.select([fd], [], [], max(left, 0))[0] if left > 0 else []
+            self.used += time.monotonic() - began
+            self.total += time.monotonic() - began
+            if not ready:
+                self.close()
+                raise BenchmarkError(f"{self.where}: stopped {on}: the graph ran past the time limit of "
+                                     f"{self.limits.time_limit:g} s for one pass (time_limit, --time-limit)")
+            chunk = os.read(fd, min(n - got, 1 << 20))
+            if not chunk:
+                raise BenchmarkError(self._died_line(on))
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+
+    # -- the lines
+    def _memory_line(self, on: str) -> str:
+        return (f"{self.where}: stopped {on}: the graph needed more than the memory limit of "
+                f"{shown_bytes(self.limits.memory_limit)} above its start (memory_limit, --memory-limit)")
+
+    def _output_line(self, size: int, shape, on: str) -> str:
+        of = f" (shape {tuple(shape)})" if shape is not None else ""
+        return (f"{self.where}: refused {on}: the graph returned {size} bytes{of}, above the output cap of "
+                f"{shown_bytes(self.limits.output_limit)} (output_limit, --output-limit)")
+
+    def _died_line(self, on: str) -> str:
+        self.close()
+        code = self.process.returncode
+        how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        return (f"{self.where}: stopped {on}: its ONNX Runtime process ended ({how}), as a graph that needs more "
+                f"than the memory limit of {shown_bytes(self.limits.memory_limit)} (memory_limit, --memory-limit) does")
+
+
+def _end(process: subprocess.Popen) -> None:
+    """End a graph's process (kill, then reap) and close its pipes."""
+    if process.poll() is None:
+        process.kill()
+    with contextlib.suppress(Exception):
+        process.wait(timeout=10)
+    for pipe in (process.stdin, process.stdout):
+        with contextlib.suppress(Exception):
+            pipe.close()
+
+
 # ---------------------------------------------------------------- models reduced to the contract
 @dataclass
 class Candidate:
@@ -99,6 +375,7 @@ class Candidate:
     readout: Readout | None = None
     differentiable: bool = False  # autograd reaches the tokens: sensitivities without finite differences
     check_inputs: Callable[[object], None] = field(default=lambda task: None)  # refuses a graph before it runs
+    close: Callable[[], None] = field(default=lambda: None)  # ends what runs it (an outside graph's process)
 
 
 def _first_line(error: BaseException) -> str:
@@ -195,35 +472,33 @@ def checkpoint_candidate(ckpt, name: str | None = None) -> Candidate:
     return candidate
 
 
-def onnx_candidate(raw: bytes, where: str) -> Candidate:
-    """An ONNX graph from its bytes (hashed as read): standard operators, self-contained, one input `tokens`."""
-    import onnxruntime as ort
-
+def onnx_candidate(raw: bytes, where: str, limits: Limits | None = None) -> Candidate:
+    """An ONNX graph from its bytes (hashed as read): standard operators, self-contained, one input `tokens`;
+    it runs in its own process under `limits` (those in force by default: see `bounds`)."""
     from export.graph_files import GraphFileError, check_graph_bytes
 
     try:
         check_graph_bytes(raw, where)
     except GraphFileError as e:
         raise BenchmarkError(str(e)) from None
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1  # one summation order: a re-score (zoo eval --check) gives the same numbers
-    options.log_severity_level = 3
-    try:
-        session = ort.InferenceSession(raw, options, providers=["CPUExecutionProvider"])
-    except Exception as e:  # noqa: BLE001 -- whatever the runtime refuses, in one line
-        raise BenchmarkError(f"{where}: ONNX Runtime cannot open it: {_first_line(e)}") from None
-    output = session.get_outputs()[0].name
-    meta = session.get_modelmeta().custom_metadata_map
+    graph = _GraphProcess(raw, where, limits or _LIMITS.get())
 
     def run(tokens):
-        try:
-            return torch.from_numpy(np.asarray(session.run([output], {"tokens": tokens.detach().cpu().numpy()})[0]))
-        except Exception as e:  # noqa: BLE001
-            raise BenchmarkError(f"{where}: ONNX Runtime failed on tokens {tuple(tokens.shape)}: {_first_line(e)}") from None
+        return torch.from_numpy(graph.run(tokens.detach().cpu().numpy()))
 
-    return Candidate(where, {"kind": "onnx", "name": where, "sha256": hashlib.sha256(raw).hexdigest()}, run,
-                     _readout(meta.get("icl_zoo.readout"), where), check_inputs=lambda task: _check_graph_inputs(
-                         session.get_inputs(), task, where))
+    inputs = [_GraphInput(i["name"], i["type"], i["shape"]) for i in graph.inputs]
+    candidate = Candidate(where, {"kind": "onnx", "name": where, "sha256": hashlib.sha256(raw).hexdigest()}, run,
+                          _readout(graph.meta.get("icl_zoo.readout"), where),
+                          check_inputs=lambda task: _check_graph_inputs(inputs, task, where), close=graph.close)
+    candidate.graph = graph  # its process: peak memory, time used
+    return candidate
+
+
+@dataclass
+class _GraphInput:
+    name: str
+    type: str
+    shape: list
 
 
 def _check_graph_inputs(inputs, task, where: str) -> None:
@@ -556,16 +831,22 @@ def load_frozen(task_name: str, split: str):
 
 def evaluate(model, *, task: str, split: str = "test", name: str | None = None, readout=None,
              gd_steps: Sequence[int] = GD_STEPS, sensitivity: str = "auto", revision: str | None = None,
-             endpoint: str | None = None) -> dict:
+             endpoint: str | None = None, time_limit: float | None = None, memory_limit: int | None = None,
+             output_limit: int | None = None) -> dict:
     """Score `model` (see the module docstring) on the frozen `split` of registry task `task`: a record
     with the split's and the model's SHA-256, the zoo version and the metrics. `readout` overrides the
     model's own; `sensitivity` is "auto", "autograd", "finite differences" or "none"; `revision` and
-    `endpoint` reach a Hub repo."""
+    `endpoint` reach a Hub repo. An outside ONNX graph runs under `time_limit` (seconds in all),
+    `memory_limit` (bytes above its process's start) and `output_limit` (bytes per call): see `Limits`."""
     gd_steps = checked_gd_steps(gd_steps)
-    candidate = as_candidate(model, name=name, readout=readout, revision=revision, endpoint=endpoint)
-    _, task_obj, frozen = load_frozen(task, split)
-    refs = split_references(task_obj, frozen, gd_steps) if task_obj.has_gd_reference else None
-    metrics = score(candidate, task_obj, frozen.batch(task_obj), sensitivity=sensitivity, refs=refs)
+    with bounds(time_limit, memory_limit, output_limit):
+        candidate = as_candidate(model, name=name, readout=readout, revision=revision, endpoint=endpoint)
+    try:
+        _, task_obj, frozen = load_frozen(task, split)
+        refs = split_references(task_obj, frozen, gd_steps) if task_obj.has_gd_reference else None
+        metrics = score(candidate, task_obj, frozen.batch(task_obj), sensitivity=sensitivity, refs=refs)
+    finally:
+        candidate.close()
     return {"format": RECORD_FORMAT, "task": task, "split": split, "dataset": frozen.name,
             "dataset_sha256": frozen.sha256, "model": candidate.identity, "zoo_version": __version__,
             "metrics": metrics}
@@ -696,7 +977,8 @@ def _compare(recorded, rescored, path: str, rtol: float, problems: list[str]) ->
 
 
 def check(record: dict, model, *, revision: str | None = None, endpoint: str | None = None,
-          rtol: float = CHECK_RTOL) -> Verdict:
+          rtol: float = CHECK_RTOL, time_limit: float | None = None, memory_limit: int | None = None,
+          output_limit: int | None = None) -> Verdict:
     """Score `model` again as `record` says it was scored and compare. Confirmed only when the record holds
     the format, the task and split, the split's SHA-256, the model's identity (file or weights SHA-256; a
     function's name), the zoo version and every number the re-score produces, each finite and within
@@ -707,7 +989,8 @@ def check(record: dict, model, *, revision: str | None = None, endpoint: str | N
     if problems:
         return _refuted(f"the record {record['task']}/{record['split']}", problems)
     rescored = evaluate(model, task=task, split=split, gd_steps=steps, sensitivity=sensitivity,
-                        revision=revision, endpoint=endpoint)
+                        revision=revision, endpoint=endpoint, time_limit=time_limit, memory_limit=memory_limit,
+                        output_limit=output_limit)
     what = f"{rescored['model']['name']} on {rescored['dataset']}"
     if record["dataset_sha256"] != rescored["dataset_sha256"]:
         problems.append(f"the record's split has SHA-256 {record['dataset_sha256']}, this one {rescored['dataset_sha256']}")
