@@ -148,9 +148,41 @@ def publish(folder: Path, repo_id: str, *, hub: str = "local", repo_type: str = 
 
 
 # ---------------------------------------------------------------- frozen datasets as dataset repos
+def dataset_card_data(task_name: str, spec, hashes: dict, shapes: dict) -> dict:
+    """A dataset card's metadata, as the Hub reads it: its name, task category and size, the parquet files of each
+    split (`configs`), and `dataset_info` (features as `datasets` writes them: two float32 Array2D columns; each
+    split's example count and bytes)."""
+    # deferred: datasets is heavy, and `zoo hub serve` imports this module without writing a dataset card
+    from datasets import Array2D, DatasetInfo, Features, SplitDict, SplitInfo
+
+    total = sum(h["n"] for h in hashes.values())
+    size = next(label for bound, label in ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"),
+                                          (1_000_000, "100K<n<1M")) if total < bound) if total < 1_000_000 else "n>1M"
+    features = Features({name: Array2D(shapes[name], "float32") for name in ("x", "y")})
+    splits = SplitDict()
+    for split, h in hashes.items():
+        splits.add(SplitInfo(name=split, num_examples=h["n"], num_bytes=h["n"] * shapes["row_bytes"]))
+    info = DatasetInfo(features=features, splits=splits)._to_yaml_dict()
+    info["dataset_size"] = total * shapes["row_bytes"]
+    regression = getattr(spec, "kind", None) == "linear_regression"
+    return {
+        "license": "apache-2.0",
+        "pretty_name": f"icl-zoo frozen {'in-context regression' if regression else 'teacher–student'} tasks: {task_name}",
+        # each row is numbers in, numbers out: a regression over a table of examples (a teacher's sequences: other)
+        "task_categories": ["tabular-regression" if regression else "other"],
+        "size_categories": [size],
+        "tags": ["icl-zoo", "in-context-learning"],
+        "configs": [{"config_name": "default",
+                     "data_files": [{"split": s, "path": f"data/{s}-*.parquet"} for s in spec.splits]}],
+        "dataset_info": info,
+    }
+
+
 def dataset_folder(task_name: str, out: Path, *, repo: str | None = None, revision: str | None = None) -> tuple[Path, dict]:
     """A Hub dataset repo folder for a task's frozen splits: parquet per split, hashes, card. The card's
     examples load `repo` (default `icl-zoo/<task>`) at `revision` (default the release's tag)."""
+    import yaml  # deferred with the rest of a dataset publish
+
     from zoo.publishing.leaderboard import leaderboard_url
     from zoo.science.registry import get_task_spec
     from zoo.science.tasks.frozen import load_split, save_split
@@ -168,21 +200,15 @@ def dataset_folder(task_name: str, out: Path, *, repo: str | None = None, revisi
         shutil.rmtree(tmp)
         hashes[split] = {"sha256": s.sha256, "n": int(s.x.shape[0]), "seed": spec.splits[split].seed}
         shapes = f"x {tuple(s.x.shape[1:])} and y {tuple(s.y.shape[1:])} per row"
+        shapes_of = {"x": tuple(s.x.shape[1:]), "y": tuple(s.y.shape[1:]), "row_bytes": (s.x[0].nbytes + s.y[0].nbytes)}
     (out / "hashes.json").write_text(json.dumps({"task": task_name, "splits": hashes}, indent=2))
     repo, revision = repo or f"{ORG}/{task_name}", revision or VERSION
     test_sha256 = hashes.get("test", {}).get("sha256", "")
-    configs = "\n".join(f"  - split: {s}\n    path: data/{s}-*.parquet" for s in spec.splits)
     hash_rows = "\n".join(f"| {s} | {h['n']} | {h['seed']} | `{h['sha256']}` |" for s, h in hashes.items())
+    front_matter = yaml.safe_dump(dataset_card_data(task_name, spec, hashes, shapes_of), sort_keys=False,
+                                  allow_unicode=True)
     (out / "README.md").write_text(f"""---
-license: apache-2.0
-tags:
-- icl-zoo
-- in-context-learning
-configs:
-- config_name: default
-  data_files:
-{configs}
----
+{front_matter}---
 
 # Frozen in-context regression tasks: `{task_name}`
 
