@@ -34,7 +34,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from zoo.running.train import Step, default_device, fit, lr_factor, make_optimizer
-from zoo.science.models.base import ZooModel
+from zoo.science.models.base import TrainingHooks
 
 WARMUP_STEPS = 5  # steps left out of the measured rate: compilation, or a CUDA graph's 3 eager steps and its capture
 
@@ -43,7 +43,7 @@ def _safe(name: str) -> str:
     return name.replace(".", "__")
 
 
-class StackedParameters(nn.Module):
+class StackedParameters(TrainingHooks, nn.Module):
     """The members' parameters stacked on axis 0, under the base model's (escaped) names, so
     the optimiser groups and the safetensors state work as for one model."""
 
@@ -52,7 +52,7 @@ class StackedParameters(nn.Module):
         self.names = list(stacked)
         for name, value in stacked.items():
             self.register_parameter(_safe(name), nn.Parameter(value.detach().clone()))
-        hooks = isinstance(base, ZooModel)  # a plain module declares no hooks
+        hooks = isinstance(base, TrainingHooks)  # a plain module declares none
         self._exempt = {_safe(n) for n in base.no_weight_decay()} if hooks else set()
         self._recurrent = {_safe(n) for n in base.recurrent_parameter_names()} if hooks else set()
 

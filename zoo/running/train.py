@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from zoo.science.models.base import ZooModel
+from zoo.science.models.base import TrainingHooks
 
 STATE_FILE = "train_state.safetensors"
 WARMUP_STEPS = 3  # steps of a call left out of its measured rate: the first compiles (compiled=True) or allocates
@@ -77,12 +77,13 @@ def make_optimizer(model: torch.nn.Module, recipe, *, capturable: bool = False, 
     each group's lr a 0-d device tensor that a captured step can rewrite in place.
     `tensor_lr=True` (for a compiled update) makes each group's lr a 0-d tensor too, so the
     schedule rewrites it in place instead of handing the compiled step a new constant (a recompile)."""
-    exempt = model.no_weight_decay() if isinstance(model, ZooModel) else set()  # a plain module declares no hooks
+    exempt = model.no_weight_decay() if isinstance(model, TrainingHooks) else set()  # a plain module declares none
     frozen = getattr(recipe, "frozen", lambda name: False)
     for name, p in model.named_parameters():
         if frozen(name):
             p.requires_grad_(False)  # no gradient, no update, no weight decay, not in the clipped norm
-    recurrent = model.recurrent_parameter_names() if recipe.recurrent_lr is not None and isinstance(model, ZooModel) else set()
+    hooks = isinstance(model, TrainingHooks)
+    recurrent = model.recurrent_parameter_names() if recipe.recurrent_lr is not None and hooks else set()
     groups: dict[tuple[bool, bool], list] = {}
     for name, p in model.named_parameters():
         if p.requires_grad:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from zoo.science import registry  # looked up at call time: a test's registry replaces the default one
 from zoo.science.analysis import plots
 from zoo.science.expected import check, measurements, verdict
 from zoo.science.metrics import METRICS
 from zoo.science.models import FAMILY_OF_TYPE
-from zoo.science.registry import default_registry, get_task_spec
 from zoo.storage.locate import ORG
 from zoo.storage.locate import VERSION as RELEASE_TAG  # the tag every released model and dataset repo carries
 from zoo.storage.manifest import CARD_MARKER  # noqa: F401  (cli's publish asks whether a README.md is a generated card)
@@ -37,7 +37,7 @@ def _papers() -> dict:
 def _paper(entry) -> dict:
     """What the entry's file cites: its own `[paper]` table (zoo/science/entries/<file>.toml), else the table of
     model_cards/papers.toml named by the file's stem."""
-    own = default_registry().papers.get(entry.file)
+    own = registry.default_registry().papers.get(entry.file)
     return own.model_dump(exclude_none=True) if own is not None else _papers().get(Path(entry.file).stem, {})
 
 
@@ -64,13 +64,13 @@ def paper_links(entry) -> list[dict]:
 
 def _is_registered(entry) -> bool:
     """Does the registry hold an entry of this name with the same definition (arch, source, task)?"""
-    registered = default_registry().entries.get(entry.name)
+    registered = registry.default_registry().entries.get(entry.name)
     return registered is not None and (registered.arch, registered.source, registered.task) == (entry.arch, entry.source, entry.task)
 
 
 def _registered(entry):
     """The registry's entry of the same name and definition (its current documentation), else `entry`."""
-    return default_registry().entries[entry.name] if _is_registered(entry) else entry
+    return registry.default_registry().entries[entry.name] if _is_registered(entry) else entry
 
 
 def run_line(ckpt) -> str:
@@ -129,7 +129,7 @@ def teacher_model(entry) -> str | None:
 
 
 def _constructed_on_task(entry, wanted) -> str | None:
-    found = sorted((o for o in default_registry().entries.values()
+    found = sorted((o for o in registry.default_registry().entries.values()
                     if o.source.kind == "constructed" and o.task == entry.task and wanted(o)),
                    key=lambda o: (o.arch != entry.arch, o.name))
     return f"{ORG}/{found[0].name}" if found else None
@@ -137,7 +137,7 @@ def _constructed_on_task(entry, wanted) -> str | None:
 
 def get_task_spec_of(entry):
     try:
-        return get_task_spec(entry.task)
+        return registry.get_task_spec(entry.task)
     except KeyError:
         return None
 

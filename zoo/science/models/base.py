@@ -38,7 +38,21 @@ class NotRecurrentError(TypeError):
     """Raised by `state_shapes`/`init_state`/`step` on models that have no constant-size state."""
 
 
-class ZooModel(nn.Module):
+class TrainingHooks:
+    """What the training loop asks of what it trains (a zoo model, or an ensemble's stacked parameters): which
+    parameters skip weight decay and which take a recipe's `recurrent_lr`. A plain torch module has neither."""
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names trained without weight decay (e.g. the recurrence's ν, as the papers exempt it)."""
+        return set()
+
+    def recurrent_parameter_names(self) -> set[str]:
+        """Parameter names a recipe's `recurrent_lr` applies to (the recurrence's own parameters). A family with
+        none returns the empty set, and the registry refuses a `recurrent_lr` for it."""
+        return set()
+
+
+class ZooModel(TrainingHooks, nn.Module):
     """The base of every family's model. Besides the interface above, it declares every optional hook a family
     may override, with its meaning and its default; generic code (training, evaluation, export) calls these and
     never probes for attributes or branches on a concrete family."""
@@ -54,15 +68,7 @@ class ZooModel(nn.Module):
     vmappable: bool = True  # torch.func.vmap runs it (ensembles); fused LSTM/GRU kernels have no batching rule
     compile_pays: bool = True  # a torch.compile'd training step is faster (not so around fused LSTM/GRU kernels)
 
-    # ---- training hooks
-    def no_weight_decay(self) -> set[str]:
-        """Parameter names trained without weight decay (e.g. the recurrence's ν, as the papers exempt it)."""
-        return set()
-
-    def recurrent_parameter_names(self) -> set[str]:
-        """Parameter names a recipe's `recurrent_lr` applies to (the recurrence's own parameters). A family with
-        none returns the empty set, and the registry refuses a `recurrent_lr` for it."""
-        return set()
+    # ---- training hooks: no_weight_decay, recurrent_parameter_names (TrainingHooks)
 
     # ---- analysis hooks
     def has_polynomial_map(self) -> bool:
