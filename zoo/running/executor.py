@@ -43,6 +43,11 @@ class Backend:
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1, got {self.workers}")
 
+    @property
+    def in_process(self) -> bool:
+        """Jobs run here, one after another: their own progress bars show, and they share this process's threads."""
+        return self.kind == "local" and self.workers == 1
+
     def describe(self) -> str:
         if self.kind == "ray":
             return f"Ray ({self.address or 'a local instance'}; {self.cpus_per_job:g} CPU, {self.gpus_per_job:g} GPU a job)"
@@ -56,7 +61,7 @@ def run_jobs(jobs: Iterable[Job], backend: Backend = Backend()) -> Iterator[tupl
         return
     if backend.kind == "ray":
         yield from _on_ray(jobs, backend)
-    elif backend.workers == 1:
+    elif backend.in_process:
         for job in jobs:
             try:
                 yield job.key, job.fn(*job.args, **job.kwargs)

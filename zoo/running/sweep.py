@@ -232,7 +232,7 @@ def run_sweep(spec: SweepSpec, out: str | Path | None = None, backend: Literal["
     groups = groups_of(expand(spec), spec.ensemble)  # every run's name checked before anything is written
     out.mkdir(parents=True, exist_ok=True)
     executor = Backend(backend, workers=workers, address=address, gpus_per_job=gpus_per_run)
-    inline = executor.kind == "local" and executor.workers == 1
+    inline = executor.in_process
     jobs = [Job(i, run_group, (g, str(out.resolve()), spec.steps, spec.device),
                 {"threads": None if inline else 1, "compiled": spec.compiled, "track_alignment": spec.track_alignment,
                  "progress": progress and inline, "graphs": spec.graphs})

@@ -210,7 +210,7 @@ def _build_entries(todo: list[str], root: Path, kwargs: dict, *, backend: Backen
     """`make_entry` for each of `todo` through the executor; each result is shipped here and goes to
     `finished(name, row)`, each exception (the job's or the shipping's) to `failed(name, error)`, as it comes.
     In this process each entry's training shows its step bar; elsewhere each says when it starts."""
-    inline = backend.kind == "local" and backend.workers == 1
+    inline = backend.in_process
     if not inline and kwargs.get("threads") is None and backend.kind == "ray":
         kwargs = {**kwargs, "threads": max(1, int(backend.cpus_per_job))}  # one task's CPUs: no oversubscription
     job = make_entry_announced if progress else make_entry

@@ -226,7 +226,7 @@ def read_cached_split(path: Path, spec, split: str, *, size=None) -> tuple[np.nd
     (DatasetShapeMismatch, one line naming the file) otherwise. A cache is as writable as a download."""
     n, shapes = size if size is not None else _expected_size(spec, split)
     where = f"cached frozen split {path}"
-    limit = 8 * n * sum(a * b for a, b in shapes) + 2**20  # as _check_footer's: float32 values, twice over
+    limit = _byte_limit(n, shapes)  # the footer check's bound, applied before anything is read past it
     with open(path, "rb") as f:
         data = f.read(limit + 1)
     if len(data) > limit:
@@ -344,6 +344,12 @@ def _split_files(folder: Path, split: str, name: str, scratch: Path) -> list[Pat
     return files
 
 
+def _byte_limit(rows: int, shapes) -> int:
+    """The most bytes a split file of `rows` tasks with x, y row `shapes` may take: its float32 values twice over,
+    plus 1 MiB for the footer and page headers."""
+    return 8 * rows * sum(a * b for a, b in shapes) + 2**20
+
+
 def _check_footer(path: Path, where: str, shapes, *, data: bytes | None = None) -> tuple[int, tuple]:
     """(rows, (x row shape, y row shape)) from a parquet file's footer, refused unless x and y are
     float32 Array2D columns of the `shapes` expected (else the declared ones) whose value counts and
@@ -386,7 +392,7 @@ def _check_footer(path: Path, where: str, shapes, *, data: bytes | None = None) 
         if count != rows * shape[0] * shape[1]:
             raise DatasetShapeMismatch(f"{where}: column {column!r} holds {count} values, not the "
                                        f"{rows} × {shape[0]} × {shape[1]} of {rows} tasks of shape {shape}")
-    size = path.stat().st_size if data is None else len(data)  # read whole before decoding: no bigger than float32 values, twice over
-    if size > 8 * rows * sum(a * b for a, b in got) + 2**20:
+    size = path.stat().st_size if data is None else len(data)  # read whole before decoding
+    if size > _byte_limit(rows, got):
         raise DatasetShapeMismatch(f"{where}: {size} bytes is far more than {rows} tasks of x {got[0]}, y {got[1]} need")
     return rows, got
