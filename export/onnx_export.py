@@ -2,13 +2,19 @@
 
 Step graph  (token (B, d_in), state_in.<i>.<name> ...) -> (out (B, d_out), state_out.<i>.<name> ...)
 Chunk graph (tokens (B, T, d_in), state_in.<i>.<name> ...) -> (out (B, T, d_out), state_out.<i>.<name> ...)
-Sequence    (tokens (B, T, d_in)) -> (out (B, T, d_out))
+Sequence    (tokens (B, T, d_in)) -> (out (B, T, d_out)), memory bounded by a block of sequences
 
 The chunk graph is the model's `forward_chunk`: the parallel form (scans of ⌈log₂ T⌉ doublings)
 continued from a state, for T up to the model's `chunk_len` (longer inputs raise); a runtime
 splits a long stream into chunks and carries the state between them. Families without a
 parallel form (LSTM, GRU, the dense RNN) get the step graph wrapped in an ONNX `Scan` instead,
 exact for any T.
+
+The sequence graph (model.onnx, what most people run first) of a recurrent model is its step graph scanned
+over time from the zero state, in blocks of sequences (export/sequence_graph.py): one step's (block, state)
+alive at a time, whatever the batch and T. A model without a recurrent form (softmax attention) gets its
+`forward` run block by block. Every graph first passes export/graph_rewrite.py's rewrites (forms ONNX
+Runtime's kernels run fast, the same numbers), then the checks below.
 
 fp32, opset 18, exported with the dynamo exporter (`dynamo=True`, explicit), batch (and T for
 the sequence graph) the only dynamic axes; export traces with batch 2 so no axis is
@@ -31,7 +37,9 @@ import onnx
 import onnxruntime as ort
 import torch
 
+from export.graph_rewrite import rewrite
 from export.scan_graph import scan_step_graph
+from export.sequence_graph import BATCH_BLOCK, batch_blocked, block_for, recurrent_sequence_graph
 from zoo.science.models.scan import EXPORT_MAX_LEN, export_length, length_guard
 from zoo.storage.manifest import CHUNK_FILE, SEQUENCE_FILE, STEP_FILE
 
@@ -75,6 +83,7 @@ class _SequenceGraph(torch.nn.Module):
 
 
 def _export(module, args, path: Path, input_names, output_names, dynamic_shapes) -> None:
+    """torch.onnx.export of `module`, then `rewrite` (export/graph_rewrite.py) in place."""
     # The exporter reports progress on stdout and warns about unrelated registries; keep both
     # out of the user's terminal. Real failures still raise.
     onnx_logger = logging.getLogger("torch.onnx")
@@ -89,6 +98,7 @@ def _export(module, args, path: Path, input_names, output_names, dynamic_shapes)
             )
     finally:
         onnx_logger.setLevel(level)
+    onnx.save(rewrite(onnx.load(str(path))), str(path))
 
 
 CONTRACT_VERSION = "1"
@@ -117,8 +127,17 @@ def contract(props: dict) -> str:
                 f"and state_out.* (the state after the chunk's last token); {feed}. States: {states}. Valid for {valid}; "
                 "chunks of any sizes give the outputs of one token at a time.")
     time = props["time"]
-    valid = (f"Exact for T in {time}; where a scan bounds it, a longer input raises (Gather out of bounds) rather "
-             "than returning wrong numbers — stream longer sequences through model_step.onnx") if isinstance(time, str) else             f"T = {time} exactly (fixed by fused kernels); other lengths are refused by shape checks"
+    if time == "any":
+        valid = ("Exact for any T ≥ 1: the step graph scanned over time from the zero state")
+    elif isinstance(time, str):
+        valid = (f"Exact for T in {time}; where a scan bounds it, a longer input raises (Gather out of bounds) rather "
+                 "than returning wrong numbers — stream longer sequences through model_step.onnx")
+    else:
+        valid = f"T = {time} exactly (fixed by fused kernels); other lengths are refused by shape checks"
+    block = props.get("batch_block")
+    if block:
+        valid += (f". Runs {block} sequences at a time whatever the batch (memory bounded by the block, not by the "
+                  "batch): a whole split fits in one call")
     return f"{head} Sequence graph: tokens (batch, T, {props['d_in']}) → out (batch, T, {props['d_out']}), causal. {valid}."
 
 
@@ -203,18 +222,37 @@ def export_chunk(model, path: Path, *, entry_name: str = "", step_graph: Path | 
 
 
 @torch.no_grad()
-def export_sequence(model, path: Path, *, entry_name: str = "", seq_len: int = 8, token_layout: dict | None = None) -> Path:
-    """Write the whole-sequence graph (B, T, d_in) -> (B, T, d_out). T is symbolic up to
-    EXPORT_MAX_LEN (the scans' doublings), except for models whose fused kernels fix it
-    (`has_parallel_form = False`): then T = `seq_len`. The metadata's `time` records which."""
+def export_sequence(model, path: Path, *, entry_name: str = "", seq_len: int = 8, token_layout: dict | None = None,
+                    step_graph: Path | None = None) -> Path:
+    """Write the whole-sequence graph (B, T, d_in) -> (B, T, d_out), run in blocks of sequences (a recurrent
+    model's `block_for` its state's size, else BATCH_BLOCK).
+    A recurrent model's is its step graph (the `step_graph` file when one was just exported, else a fresh export)
+    scanned over time from the zero state: any T. Otherwise `forward` traced with T symbolic up to
+    EXPORT_MAX_LEN, or fixed at `seq_len` where fused kernels fix it (`has_parallel_form = False`). The
+    metadata's `time` records which, `batch_block` the block."""
     model = _fp32_copy(model)
-    tokens = torch.zeros(EXPORT_BATCH, seq_len, model.d_in)
-    axes = {0: torch.export.Dim("batch", min=1)}
-    if model.has_parallel_form:
-        axes[1] = torch.export.Dim("time", min=2, max=EXPORT_MAX_LEN)
-    _export(_SequenceGraph(model), (tokens,), path, ["tokens"], ["out"], (axes,))
-    time = f"2..{EXPORT_MAX_LEN}" if model.has_parallel_form else seq_len
-    _metadata(path, {**_common_metadata(model, entry_name, token_layout), "graph": "sequence", "time": time})
+    if model.recurrent and step_graph is None:
+        step = Path(path).with_suffix(".step.tmp")
+        try:
+            return export_sequence(model, path, entry_name=entry_name, seq_len=seq_len, token_layout=token_layout,
+                                   step_graph=export_step(model, step, entry_name=entry_name))
+        finally:
+            step.unlink(missing_ok=True)
+    if model.recurrent:
+        block = block_for(sum(x[0].numel() for x in model.init_state(1)))
+        onnx.save(recurrent_sequence_graph(onnx.load(str(step_graph)), block), str(path))
+        time = "any"
+    else:
+        tokens = torch.zeros(EXPORT_BATCH, seq_len, model.d_in)
+        axes = {0: torch.export.Dim("batch", min=1)}
+        if model.has_parallel_form:
+            axes[1] = torch.export.Dim("time", min=2, max=EXPORT_MAX_LEN)
+        _export(_SequenceGraph(model), (tokens,), path, ["tokens"], ["out"], (axes,))
+        block = BATCH_BLOCK
+        onnx.save(batch_blocked(onnx.load(str(path)), block), str(path))
+        time = f"2..{EXPORT_MAX_LEN}" if model.has_parallel_form else seq_len
+    _metadata(path, {**_common_metadata(model, entry_name, token_layout), "graph": "sequence", "time": time,
+                     "batch_block": block})
     check_graph(model, path)
     return path
 
@@ -231,11 +269,11 @@ def export_checkpoint_graphs(ckpt, folder: Path) -> list[Path]:
     (`zoo.storage.save.save_checkpoint(ckpt, folder, graphs=export_checkpoint_graphs)`) and records the hashes."""
     folder = Path(folder)
     meta = {"entry_name": ckpt.entry.name, "token_layout": ckpt.task.token_layout}
-    written = [export_sequence(ckpt.model, folder / SEQUENCE_FILE, seq_len=ckpt.task.n_tokens, **meta)]
-    if getattr(ckpt.model, "recurrent", False):
-        step = export_step(ckpt.model, folder / STEP_FILE, **meta)
-        written += [step, export_chunk(ckpt.model, folder / CHUNK_FILE, step_graph=step, **meta)]
-    return written
+    if not getattr(ckpt.model, "recurrent", False):
+        return [export_sequence(ckpt.model, folder / SEQUENCE_FILE, seq_len=ckpt.task.n_tokens, **meta)]
+    step = export_step(ckpt.model, folder / STEP_FILE, **meta)
+    return [export_sequence(ckpt.model, folder / SEQUENCE_FILE, seq_len=ckpt.task.n_tokens, step_graph=step, **meta),
+            step, export_chunk(ckpt.model, folder / CHUNK_FILE, step_graph=step, **meta)]
 
 
 # ---------------------------------------------------------------------------- the graph's claim, checked
@@ -290,7 +328,7 @@ def _check_graph(model, path: Path) -> None:
     """Run the exported graph `path` through ONNX Runtime where its metadata says it is valid and hold it to the
     model: a step graph to `step` over a few tokens; a chunk graph at two lengths (CHECK_LENGTHS, the second
     continuing the first's state) to `step` iterated over both; a sequence graph at two lengths (or its one
-    fixed length) to `forward`. A graph that fails to run at a length its metadata claims, or computes other
+    fixed length), and at a batch of two blocks and one more sequence, to `forward`. A graph that fails to run at a length its metadata claims, or computes other
     numbers, is refused in one line: the export never ships a graph whose time axis is not what it says."""
     model = _fp32_copy(model)
     exact = copy.deepcopy(model).double()  # the float64 reference; `model` gives fp32's own error beside it
@@ -300,8 +338,8 @@ def _check_graph(model, path: Path) -> None:
     time = int(time) if time is not None and time.isdigit() else time
     rng = np.random.default_rng(CHECK_SEED)
 
-    def tokens(T: int) -> np.ndarray:
-        return (0.5 * rng.uniform(-1, 1, (EXPORT_BATCH, T, model.d_in))).astype(np.float32)
+    def tokens(T: int, batch: int = EXPORT_BATCH) -> np.ndarray:
+        return (0.5 * rng.uniform(-1, 1, (batch, T, model.d_in))).astype(np.float32)
 
     def run(feed: dict, what: str) -> list[np.ndarray]:
         try:
@@ -342,8 +380,11 @@ def _check_graph(model, path: Path) -> None:
             refuse(f"over chunks of T = {lengths[0]} then {lengths[1]} (state carried)", err)
     else:
         lengths = CHECK_LENGTHS if isinstance(time, str) else (int(time),)
-        for T in lengths:
-            x = tokens(T)
-            (out,) = run({"tokens": x}, f"at T = {T}")
+        block = int(meta.get("icl_zoo.batch_block", "0") or 0)
+        shapes = [(EXPORT_BATCH, T) for T in lengths] + ([(2 * block + 1, lengths[0])] if block else [])
+        for batch, T in shapes:  # and past two blocks: whole blocks, then one padded
+            x = tokens(T, batch)
+            what = f"at T = {T}" + (f", batch {batch}" if batch != EXPORT_BATCH else "")
+            (out,) = run({"tokens": x}, what)
             if (err := _close(out, (model(torch.from_numpy(x)), exact(torch.from_numpy(x).double())))) is not None:
-                refuse(f"at T = {T}", err)
+                refuse(what, err)

@@ -9,7 +9,8 @@ memory does not grow with the stream. One token runs the step graph (lowest late
 tokens run a chunk graph on pieces, one `run` per piece, carrying the state across pieces and
 calls. Which chunk graph, and how many tokens per run, is chosen per batch size by measurement
 (`CHUNK_GRAPHS`; a timed probe of each candidate on the first push of T > 1 tokens at that batch
-size, cached for the session, see `_choose`):
+size, cached for the session and, per graph and machine, in the zoo's cache (export/choices.py), so a later
+session on the same machine does not measure again; `chosen_by` says what each batch's choice cost):
 
 - "parallel": model_chunk.onnx, the parallel scan continued from the state (exported);
 - "scan": the step graph wrapped in an ONNX Scan over time (built in memory from the step graph);
@@ -31,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from export import choices
 from export.graph_files import check_graph_bytes, is_readout
 from zoo.storage.locate import locate
 from zoo.storage.manifest import CHUNK_FILE, STEP_FILE, CheckpointError, contained_file
@@ -232,6 +234,7 @@ class StreamingSession:
         self._chunk_sessions: dict[str, tuple] = {}  # "parallel" / "scan" / "hoisted" → (session, max T); opened on first use
         self._choice: dict[int, tuple[str, int]] = {}  # batch → (graph, tokens per run), measured on first use
         self.probes: dict[int, dict[tuple[str, int], float]] = {}  # batch → {(graph, T): tokens/s} as measured
+        self.chosen_by: dict[int, str] = {}  # batch → "only candidate", "cache" or "probe (N.NN s)": what the first push cost
         self.batch = 0
         self.steps = 0
         self.reset(1)
@@ -344,17 +347,44 @@ class StreamingSession:
         PROBE_ROUNDS interleaved rounds). Measured once per
         batch size and session; `probes` keeps the rates."""
         if self.batch not in self._choice:
+            key = self._choice_key()
+            cached = choices.recall(key, CHUNK_GRAPHS)
+            if cached is not None and self._still_applies(cached):  # measured before on this machine (export/choices.py)
+                self._choice[self.batch], self.chosen_by[self.batch] = cached, "cache"
+                return cached
             candidates = self.candidates()
             if len(candidates) == 1:
-                self._choice[self.batch] = candidates[0]
+                self._choice[self.batch], self.chosen_by[self.batch] = candidates[0], "only candidate"
             else:  # PROBE_ROUNDS interleaved rounds, the best of each: a busy moment hits one round
+                import time
+
+                start = time.perf_counter()
                 rates = {c: 0.0 for c in candidates}
                 for round in range(PROBE_ROUNDS):
                     for c in candidates:
                         rates[c] = max(rates[c], self._probe(*c, warm=round == 0))
                 self.probes[self.batch] = rates
                 self._choice[self.batch] = max(rates, key=rates.get)
+                self.chosen_by[self.batch] = f"probe ({time.perf_counter() - start:.2f} s)"
+                choices.remember(key, self._choice[self.batch], CHUNK_GRAPHS)
         return self._choice[self.batch]
+
+    def _still_applies(self, choice: tuple[str, int]) -> bool:
+        """A cached (graph, tokens per run) the session may use now: an allowed graph that opens, at one of the
+        run lengths it would have probed (opening only that graph, not every candidate)."""
+        kind, piece = choice
+        return kind in self.graphs and self._chunk_session(kind) is not None and piece in self._pieces(kind)
+
+    def _choice_key(self) -> str:
+        """What a chunk-graph choice at this batch depends on: the graphs' bytes, the allowed graphs, the machine."""
+        import hashlib
+
+        digest = hashlib.sha256(self._graph_bytes[self.path])
+        if self.chunk_path is not None:
+            digest.update(self._graph_bytes[self.chunk_path])
+        threads = self._options.intra_op_num_threads or None
+        machine = choices.machine(threads, self._providers, ort.__version__)
+        return choices.key(digest.hexdigest(), self.graphs, self.batch, machine)
 
     def _probe(self, kind: str, piece: int, warm: bool = True) -> float:
         import time

@@ -76,8 +76,9 @@ def exported(tmp_path_factory):
             model, task = model_for(entry)
             path = folder / entry.name / f"{kind}.onnx"
             path.parent.mkdir(exist_ok=True)
-            if kind == "sequence":
-                export_sequence(model, path, entry_name=entry.name, seq_len=task.n_tokens)
+            if kind == "sequence":  # a recurrent model's is its step graph scanned: the one exported here
+                export_sequence(model, path, entry_name=entry.name, seq_len=task.n_tokens,
+                                step_graph=get(entry, "step") if model.recurrent else None)
             elif kind == "step":
                 export_step(model, path, entry_name=entry.name)
             else:  # a model without a parallel form scans its step graph: the one exported here
@@ -185,29 +186,31 @@ def test_read_tokens_formats(tmp_path):
         read_tokens(str(tmp_path / "bad.jsonl"))
 
 
-# one sequence graph of each scanned family the sequence test exports anyway
+# one sequence graph of each of three scanned families the sequence test exports anyway
 SCANNED = [next(e for e in SEQUENCE_GRAPHS if e.arch.type == t) for t in ("gated_rnn", "lru", "gd_ssm")]
 
 
 @pytest.mark.parametrize("entry", SCANNED, ids=lambda e: e.name)
-def test_sequence_graph_refuses_lengths_past_its_scan(entry, exported):
-    """A whole-sequence graph traced with EXPORT_MAX_LEN doublings is exact up to that length and
-    raises past it, under plain onnxruntime (no zoo code between the user and the graph)."""
+def test_recurrent_sequence_graph_is_exact_past_any_scan_bound_in_batch_blocks(entry, exported):
+    """A recurrent model's whole-sequence graph is its step graph scanned from the zero state, in batch blocks:
+    under plain onnxruntime it equals torch past the old doubling bound (EXPORT_MAX_LEN), and at a batch of
+    several blocks plus a padded one."""
     import onnxruntime as ort
 
     from zoo.science.models.scan import EXPORT_MAX_LEN
 
     model, _ = model_for(entry)
-    path = exported(entry, "sequence")
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    tokens = 0.3 * torch.randn(1, EXPORT_MAX_LEN, model.d_in)
-    (out,) = session.run(None, {"tokens": tokens.numpy()})
-    with torch.no_grad():
-        reference = model(tokens).numpy()
-    assert np.abs(out - reference).max() <= 1e-4 * max(1.0, np.abs(reference).max())
-    longer = 0.3 * torch.randn(1, EXPORT_MAX_LEN + 1, model.d_in)
-    with pytest.raises(Exception, match="out of data bounds"):
-        session.run(None, {"tokens": longer.numpy()})
+    session = ort.InferenceSession(str(exported(entry, "sequence")), providers=["CPUExecutionProvider"])
+    meta = session.get_modelmeta().custom_metadata_map
+    assert meta["icl_zoo.time"] == "any"
+    block = int(meta["icl_zoo.batch_block"])
+    for batch, T in ((1, EXPORT_MAX_LEN + 1), (3 * block + 5, 7)):
+        tokens = 0.3 * torch.randn(batch, T, model.d_in)
+        (out,) = session.run(None, {"tokens": tokens.numpy()})
+        with torch.no_grad():
+            reference = model(tokens).numpy()
+        assert out.shape == reference.shape
+        assert np.abs(out - reference).max() <= 1e-4 * max(1.0, np.abs(reference).max())
 
 
 def _one_per_family(entries):

@@ -57,12 +57,15 @@ class LoopedRNN(ZooModel):
         return self.forward_chunk(tokens, None)[0]
 
 
-@pytest.mark.parametrize("export", [export_chunk, export_sequence], ids=["chunk", "sequence"])
-def test_an_export_refuses_a_graph_whose_time_axis_is_not_its_metadata(tmp_path, export):
-    path = tmp_path / "graph.onnx"
+@pytest.mark.parametrize("export, recurrent", [(export_chunk, True), (export_sequence, False)], ids=["chunk", "sequence"])
+def test_an_export_refuses_a_graph_whose_time_axis_is_not_its_metadata(tmp_path, export, recurrent):
+    """A recurrent model's sequence graph is its step graph scanned (it cannot lie about T); a model declared
+    without a recurrent form exports `forward` itself, and a Python loop over T in it is caught."""
+    path, model = tmp_path / "graph.onnx", LoopedRNN()
+    model.recurrent = recurrent
     with pytest.raises(GraphContractError, match=r"graph\.onnx: the (chunk|sequence) graph claims time "
                                                  r"(1\.\.1024|2\.\.\d+) but fails at T = 3") as e:
-        export(LoopedRNN(), path)
+        export(model, path)
     assert "\n" not in str(e.value) and not path.exists()  # one line, and no graph left behind
 
 
@@ -72,6 +75,8 @@ def test_the_same_model_honestly_declared_exports_and_passes(tmp_path):
     model.has_parallel_form = False
     export_chunk(model, tmp_path / "chunk.onnx")  # checked at T = 3 then 13 against `step`
     assert (tmp_path / "chunk.onnx").is_file()
+    export_sequence(LoopedRNN(), tmp_path / "model.onnx")  # the scanned step: checked at T = 3, 13 and 2 blocks + 1
+    assert (tmp_path / "model.onnx").is_file()
 
 
 def test_optional_hooks_are_declared_on_the_base_class_with_their_meaning():

@@ -18,6 +18,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from export import choices
 from export.scan_graph import hoisted_step_graph, scan_step_graph
 from export.streaming import CHUNK_GRAPHS, StreamError, StreamingSession
 
@@ -139,6 +140,7 @@ def test_non_finite_tokens_take_the_exact_scanned_step_graph():
 def test_the_session_picks_the_fastest_graph_per_batch_by_probe(monkeypatch):
     """_choose probes each candidate once per batch size (cached for the session) and takes the
     fastest; a single candidate is taken without a probe."""
+    monkeypatch.setenv("ICL_ZOO_STREAMING_CHOICES", "0")  # every session measures (no choice kept across sessions)
     session = StreamingSession(GATED, threads=1)
     calls = []
     rates = {"parallel": 3.0, "scan": 1.0, "hoisted": 2.0}
@@ -168,6 +170,52 @@ def test_the_session_picks_the_fastest_graph_per_batch_by_probe(monkeypatch):
         StreamingSession(GATED, graphs=("fast",))
 
 
+def test_a_choice_measured_once_is_kept_per_graph_and_machine(monkeypatch, tmp_path):
+    """The first session at a batch probes and stores its choice (export/choices.py); the next session on the same
+    graph reads it and probes nothing; its outputs are the same. Another batch, or other allowed graphs, probe."""
+    monkeypatch.setenv("ICL_ZOO_CACHE", str(tmp_path))
+    first = StreamingSession(GATED, threads=1)
+    first.reset(3)
+    x = _tokens(3, 40, first.d_in, seed=3)
+    want = first.push(x)
+    assert first.chosen_by[3].startswith("probe (") and (tmp_path / choices.FILE).is_file()
+    second = StreamingSession(GATED, threads=1)
+    monkeypatch.setattr(second, "_probe", lambda *a, **k: pytest.fail("probed a choice the cache holds"))
+    second.reset(3)
+    np.testing.assert_array_equal(second.push(x), want)
+    assert second.chosen_by[3] == "cache" and second._choose() == first._choose()
+    calls = []
+    monkeypatch.setattr(second, "_probe", lambda *a, **k: calls.append(a) or 1.0)
+    second.reset(5)
+    second._choose()
+    assert calls and second.chosen_by[5].startswith("probe (")
+
+
+@pytest.mark.parametrize("content", ['{"k": ["fast", 64]}', "[1, 2]", "not json", '{"k": ["scan", -1]}', "x" * (2 << 20)])
+def test_a_broken_or_hostile_choice_cache_is_ignored(monkeypatch, tmp_path, content):
+    monkeypatch.setenv("ICL_ZOO_CACHE", str(tmp_path))
+    (tmp_path / choices.FILE).write_text(content)
+    session = StreamingSession(GATED, threads=1)
+    session.reset(2)
+    out = session.push(_tokens(2, 30, session.d_in, seed=4))
+    assert out.shape == (2, 30, session.d_out) and session.chosen_by[2].startswith("probe (")
+    assert isinstance(json.loads((tmp_path / choices.FILE).read_text()), dict)  # rewritten whole
+
+
+def test_a_symlinked_choice_cache_is_not_read(monkeypatch, tmp_path):
+    monkeypatch.setenv("ICL_ZOO_CACHE", str(tmp_path))
+    elsewhere = tmp_path / "elsewhere.json"
+    first = StreamingSession(GATED, threads=1)
+    first.reset(2)
+    first.push(_tokens(2, 30, first.d_in, seed=4))
+    (tmp_path / choices.FILE).rename(elsewhere)
+    (tmp_path / choices.FILE).symlink_to(elsewhere)
+    second = StreamingSession(GATED, threads=1)
+    second.reset(2)
+    second.push(_tokens(2, 30, second.d_in, seed=4))
+    assert second.chosen_by[2].startswith("probe (")
+
+
 def test_an_empty_push_returns_no_outputs_and_keeps_the_state():
     session = StreamingSession(GATED, threads=1)
     session.reset(3)
@@ -176,7 +224,8 @@ def test_an_empty_push_returns_no_outputs_and_keeps_the_state():
     np.testing.assert_array_equal(session.state["state_in.0.h"], before)
 
 
-def test_real_probe_records_a_rate_for_each_candidate():
+def test_real_probe_records_a_rate_for_each_candidate(monkeypatch):
+    monkeypatch.setenv("ICL_ZOO_STREAMING_CHOICES", "0")
     session = StreamingSession(GATED, threads=1)
     session.reset(2)
     session.push(_tokens(2, 3, session.d_in, seed=1))
