@@ -52,3 +52,53 @@ def test_reports_keep_generated_files_apart():
     for paper in sorted(p for p in (ROOT / "reports").iterdir() if p.is_dir()):
         stray = [p.name for p in paper.iterdir() if not (p.suffix == ".md" and p.is_file()) and p.name not in written]
         assert not stray, f"{paper.relative_to(ROOT)}: {stray} belong in generated/"
+
+
+def test_the_reports_readme_counts_are_the_release_index_s():
+    """reports/README.md's counts and reference table are generated from release/index.json
+    (zoo.publishing.report.write_release_summary), and its hand-written table of paper verdicts lists every
+    entry the index grades against a paper value."""
+    from zoo.publishing.report import readme_release_block, release_counts, release_summary
+    from zoo.storage.locate import read_index
+
+    index, page = read_index(), ROOT / "reports" / "README.md"
+    assert readme_release_block(page) == release_summary(index), \
+        "stale: python -c 'from pathlib import Path; from zoo.publishing.report import write_release_summary; " \
+        "from zoo.storage.locate import read_index; write_release_summary(Path(\"reports/README.md\"), read_index())'"
+    counts = release_counts(index)
+    rows = index["entries"].values()
+    assert counts["entries"] == len(index["entries"]) == counts["trained"] + counts["constructed"]
+    assert counts["departures"] == sum(1 for r in rows if r["deviations"])
+    assert counts["no_expected"] == sum(1 for r in rows if r["verdict"] == "no paper value")
+    block = readme_release_block(page)
+    assert f"holds {counts['entries']} entries: {counts['trained']} trained" in block
+    assert f"{counts['departures']} of the {counts['entries']} entries declare departures" in block
+    assert f"{counts['no_expected']} entries have no expected value" in block
+    for r in rows:  # every reference-checked entry in the generated table, every paper verdict in the written one
+        checks = r["checks"]
+        if checks and all(c["source"] == "reference" for c in checks):
+            assert f"| `{r['entry']}` | {r['source']} |" in block, r["entry"]
+        if r["verdict"] in ("meets", "falls short", "meets where checkable"):
+            assert f"| `{r['entry']}` |" in page.read_text().split(block)[1], r["entry"]
+
+
+def test_release_counts_of_a_small_index():
+    from zoo.publishing.report import release_counts, release_summary
+
+    def row(name, source, steps=None, recipe=None, deviations=(), checks=(), verdict="no paper value", threads=1):
+        return {"entry": name, "source": source, "steps": steps, "recipe_steps": recipe, "deviations": list(deviations),
+                "checks": list(checks), "verdict": verdict, "threads": threads}
+
+    ref = {"metric": "test_loss", "kind": "within", "value": 0.5, "tolerance": "±3%", "measured": 0.49,
+           "source": "reference"}
+    index = {"version": "v9", "entries": {r["entry"]: r for r in (
+        row("a", "trained", 100, 100, ["d"], threads=2), row("b", "trained", 50, 100),
+        row("c", "constructed", checks=[ref], verdict="matches the reference"),
+        row("d", "trained", 10, 10, ["d"], [{**ref, "source": "paper"}], "falls short"))}}
+    c = release_counts(index)
+    assert (c["entries"], c["trained"], c["constructed"], c["full_recipe"]) == (4, 3, 1, 2)
+    assert c["short"] == [("b", 50, 100)] and c["threads"] == {1: 2, 2: 1}
+    assert (c["departures"], c["fall_short"], c["match_reference"], c["no_expected"]) == (2, 1, 1, 2)
+    text = release_summary(index)
+    assert "`b` (50 of 100 steps)" in text and "| `c` | constructed | — | test_loss: 0.5 (±3%) → 0.49 |" in text
+    assert "| `d` |" not in text  # graded against a paper value: the written table's, not this one

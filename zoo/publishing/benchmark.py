@@ -25,9 +25,11 @@ with one line naming the model and what the contract expects.
 query; teacher–student: over every position) with its standard error over tasks; one GD step at
 the analytic η* (the card's `gd_loss`); the paired difference model − GD, task by task, with its
 standard error (`gd_paired_diff`, `gd_paired_se`, as zoo/science/expected.py measures it for cards); k-step
-GD at the rate that suits k steps best on these tasks; least squares; the prediction gap to GD; the
-sensitivity cosine to GD (autograd for torch modules, central finite differences for black boxes);
-and, where the model predicts at every position of a `triples` task, the loss at each position.
+GD at the one rate that suits k steps best on these tasks; k-step GD with a rate of its own for each step,
+fitted on the task's validation split (`per_step_etas`: the best k steps exactly, where they are real); least
+squares; the prediction gap to GD; the sensitivity cosine to GD (autograd for torch modules, central finite
+differences for black boxes); and, where the model predicts at every position of a `triples` task, the loss at
+each position.
 
 **A record** (`evaluate`'s result, `zoo eval MODEL --task TASK --json`) holds the split's SHA-256,
 the model's (its file's bytes, or its weights'; a function: its name) and the zoo version;
@@ -732,10 +734,13 @@ class References:
     metrics: dict  # gd_loss ± se, lstsq_loss ± se with its paired difference from GD, k-step GD, per-position baselines
 
 
-def references(task: LinearRegressionTask, batch, gd_steps: Sequence[int] = GD_STEPS) -> References:
+def references(task: LinearRegressionTask, batch, gd_steps: Sequence[int] = GD_STEPS, *, tuning=None,
+               tuned_on: str = "the scored tasks") -> References:
     """One GD step at the analytic η* (the card's GD reference), k-step GD for k in `gd_steps` at the rate
     k steps do best with on these tasks (`best_eta`: one number fitted on them, as the blogpost's empirical η* is),
-    and least squares, each per task; on `triples`, the per-position baselines of zoo.evaluate."""
+    k-step GD with a rate of its own for each step, fitted on `tuning` (a TaskBatch: the validation split's,
+    named `tuned_on`; without one, on these tasks) by `per_step_etas`, and least squares, each per task; on
+    `triples`, the per-position baselines of zoo.evaluate."""
     b64 = task.batch_from_arrays(batch.x.double(), batch.y.double())
     target, eta = b64.query_targets, task.analytic_eta()
     gd_pred = gd_predict(b64, eta)
@@ -743,6 +748,8 @@ def references(task: LinearRegressionTask, batch, gd_steps: Sequence[int] = GD_S
     metrics = {**loss_summary("gd_loss", gd_losses), "gd_eta": eta, "gd_steps": 1,
                **loss_summary("lstsq_loss", per_task_loss(least_squares_predict(b64), target), gd_losses, "lstsq_gd_paired")}
     metrics["gd_k_steps"] = [_k_step_gd(task, b64, k, gd_losses) for k in gd_steps]
+    t64 = b64 if tuning is None else task.batch_from_arrays(tuning.x.double(), tuning.y.double())
+    metrics[PER_STEP_KEY] = [_per_step_gd(task, b64, t64, k, gd_losses, tuned_on) for k in gd_steps]
     if task.every_position:
         metrics.update(position_baselines(task, b64))
     return References(b64, gd_pred, gd_losses, metrics)
@@ -750,16 +757,21 @@ def references(task: LinearRegressionTask, batch, gd_steps: Sequence[int] = GD_S
 
 _REFERENCES: dict = {}  # (task, split SHA-256, k's) → References: each split's are computed once per process
 _REFERENCES_KEPT = 4
+TUNING_SPLIT = "validation"  # the split the per-step rates are fitted on, whichever split is scored
 
 
 def split_references(task: LinearRegressionTask, frozen, gd_steps: Sequence[int] = GD_STEPS) -> References:
     """`references` of a frozen split, remembered by its content hash (a leaderboard or a re-check scores
-    many models on one split; the k-step line searches are the slow part)."""
+    many models on one split; the k-step line searches are the slow part). The per-step rates are fitted on
+    the task's validation split (hash-checked as every split is) and evaluated on `frozen`."""
     key = (task, frozen.sha256, tuple(gd_steps))
     if key not in _REFERENCES:
         while len(_REFERENCES) >= _REFERENCES_KEPT:
             _REFERENCES.pop(next(iter(_REFERENCES)))
-        _REFERENCES[key] = references(task, frozen.batch(task), gd_steps)
+        task_name, split = frozen.name.rsplit("/", 1)
+        tuning = frozen if split == TUNING_SPLIT else load_frozen(task_name, TUNING_SPLIT)[2]
+        _REFERENCES[key] = references(task, frozen.batch(task), gd_steps, tuning=tuning.batch(task),
+                                      tuned_on=tuning.name)
     return _REFERENCES[key]
 
 
@@ -767,6 +779,84 @@ def _k_step_gd(task, b64, steps: int, gd_losses: torch.Tensor) -> dict:
     eta = best_eta(task, b64, steps)
     losses = per_task_loss(gd_predict(b64, eta, steps), b64.query_targets)
     return {"steps": steps, "eta": eta, **loss_summary("loss", losses, gd_losses)}
+
+
+PER_STEP_KEY = "gd_k_steps_per_step_rates"  # the record's k-step GD references with a rate for each step
+
+
+def _per_step_gd(task, b64, t64, steps: int, gd_losses: torch.Tensor, tuned_on: str) -> dict:
+    etas = per_step_etas(task, t64, steps)
+    losses = per_task_loss(gd_predict_per_step(b64, etas), b64.query_targets)
+    return {"steps": steps, "etas": etas, "tuned_on": tuned_on, **loss_summary("loss", losses, gd_losses)}
+
+
+def gd_predict_per_step(b64, etas: Sequence[float]) -> torch.Tensor:
+    """The query prediction (N, d_y) of len(etas) GD steps from W = 0, step j at rate etas[j]:
+    W ← W + η_j (G − W S), G = Σ_i y_i x_iᵀ, S = Σ_i x_i x_iᵀ (gd_weights' step with a rate per step)."""
+    x = b64.x_context
+    g, s = b64.y_context.transpose(1, 2) @ x, x.transpose(1, 2) @ x
+    w = torch.zeros_like(g)
+    for eta in etas:
+        w = w + eta * (g - w @ s)
+    return (w @ b64.x_query.unsqueeze(-1)).squeeze(-1)
+
+
+def per_step_etas(task, b64, steps: int, sweeps: int = 50) -> list[float]:
+    """The rates η_1..η_k with which k GD steps from W = 0 do best on these tasks (the loss the task
+    defines, ½·MSE at the query), in increasing order.
+
+    k steps leave W_k = G S⁻¹ (I − q(S)) with q(s) = Π_j (1 − η_j s): the steps commute, and the prediction
+    is linear in q's coefficients, ŷ = −Σ_m a_m G S^(m−1) x_q for q(s) = 1 + Σ_m a_m s^m. So the best
+    polynomial of degree k with q(0) = 1 is one least-squares solve, and where its roots are real the rates
+    are their reciprocals: the best k steps exactly, over every choice of rates. Where a root is complex no
+    real rates reach it; then the rates are polished one at a time (`_polish_rates`). The result is never
+    worse on these tasks than `best_eta`'s one rate for every step."""
+    shared = best_eta(task, b64, steps)
+    target = b64.query_targets
+
+    def loss(etas) -> float:
+        return task.loss(gd_predict_per_step(b64, etas), target).item()
+
+    x = b64.x_context
+    g, s = b64.y_context.transpose(1, 2) @ x, x.transpose(1, 2) @ x
+    v, features = b64.x_query.unsqueeze(-1), []
+    for m in range(1, steps + 1):  # h_m = η̄^m G S^(m−1) x_q: in units of the shared rate η̄, well scaled
+        features.append(shared**m * (g @ v).squeeze(-1))
+        v = s @ v
+    f = torch.stack(features, -1).reshape(-1, steps)  # (N·d_y, k)
+    beta = torch.linalg.lstsq(f, target.reshape(-1, 1)).solution.squeeze(1)  # ŷ = Σ β_m h_m, q(u) = 1 − Σ β_m u^m
+    roots = np.roots(np.concatenate([-beta.numpy()[::-1], [1.0]]))  # in u = η̄ s
+    diagonal = [shared] * steps
+    if len(roots) == steps and np.all(np.abs(roots.imag) <= 1e-9 * np.abs(roots)):
+        exact = sorted(float(shared / u) for u in roots.real)
+        if loss(exact) <= loss(diagonal):
+            return exact
+    # No real rates reach the best polynomial. The loss is symmetric in the rates, so equal rates are a
+    # stationary point one rate at a time: polish from the roots' real parts and from rates spread about η̄.
+    starts = [[shared * (1 + (j - (steps - 1) / 2) / steps) for j in range(steps)]]
+    if len(roots) == steps and np.all(roots.real != 0):
+        starts.append([float(shared / u) for u in roots.real])
+    polished = [_polish_rates(b64, start, loss, sweeps) for start in starts]
+    return sorted(min([diagonal, *polished], key=loss))
+
+
+def _polish_rates(b64, etas: list[float], loss, sweeps: int) -> list[float]:
+    """Coordinate descent on the rates: the prediction is affine in each η_j, so each step is the closed-form
+    best η_j given the others, and none raises the loss."""
+    target, current = b64.query_targets, loss(etas)
+    for _ in range(sweeps):
+        before = current
+        for j in range(len(etas)):
+            at0 = gd_predict_per_step(b64, etas[:j] + [0.0] + etas[j + 1:])
+            slope = gd_predict_per_step(b64, etas[:j] + [1.0] + etas[j + 1:]) - at0
+            denominator = float((slope * slope).sum())
+            if denominator > 0:
+                trial = etas[:j] + [float(((target - at0) * slope).sum()) / denominator] + etas[j + 1:]
+                if (trial_loss := loss(trial)) <= current:
+                    etas, current = trial, trial_loss
+        if before - current <= 1e-12 * before:
+            break
+    return etas
 
 
 def gd_polynomial(b64, steps: int) -> torch.Tensor:
@@ -1031,6 +1121,8 @@ def summary_lines(record: dict) -> list[str]:
                      f"± {m['gd_paired_se']:.2g} (paired)")
         lines += [f"{k['steps']} GD step{'s' * (k['steps'] > 1)} (η = {k['eta']:.4g}) {k['loss']:.6g} ± {k['loss_se']:.2g}"
                   for k in m["gd_k_steps"]]
+        lines += [f"{k['steps']} GD steps, a rate each (η = {', '.join(f'{e:.4g}' for e in k['etas'])}, fitted on "
+                  f"{k['tuned_on']}) {k['loss']:.6g} ± {k['loss_se']:.2g}" for k in m.get(PER_STEP_KEY, [])]
         lines.append(f"least squares {_pm(m, 'lstsq_loss')}")
         lines.append(f"prediction gap to GD {m['pred_l2_to_gd']:.4g}; sensitivity cosine to GD {cosine}")
     if "position_loss" in m:

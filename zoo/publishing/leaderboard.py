@@ -22,7 +22,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from zoo.publishing.benchmark import as_candidate, checkpoint_candidate, load_frozen, score, split_references
+from zoo.publishing.benchmark import (
+    PER_STEP_KEY,
+    as_candidate,
+    checkpoint_candidate,
+    load_frozen,
+    score,
+    split_references,
+)
 
 FOLDER = "leaderboards"  # in the release root
 KIND_COLOURS = {"released": "C0", "reference": "0.3", "outside": "C3"}
@@ -88,11 +95,16 @@ def model_row(name: str, kind: str, metrics: dict) -> Row:
 
 
 def reference_rows(metrics: dict) -> list[Row]:
-    """GD (one step at η*; k steps at their best rate) and least squares, as rows."""
+    """GD (one step at η*; k steps at their best shared rate; k steps with a rate each, fitted on the validation
+    split) and least squares, as rows."""
     rows = [Row(f"GD, 1 step at η* = {metrics['gd_eta']:.4g}", "reference", metrics["gd_loss"], metrics["gd_loss_se"],
                 0.0, 0.0, 0.0, 1.0)]
     rows += [Row(f"GD, {k['steps']} step{'s' if k['steps'] > 1 else ''} at η = {k['eta']:.4g}", "reference", k["loss"],
                  k["loss_se"], k["gd_paired_diff"], k["gd_paired_se"]) for k in metrics["gd_k_steps"]]
+    rows += [Row(f"GD, {k['steps']} steps at η = {', '.join(f'{e:.4g}' for e in k['etas'])} (a rate each, fitted on "
+                 f"{k['tuned_on'].rsplit('/', 1)[-1]})", "reference", k["loss"], k["loss_se"], k["gd_paired_diff"],
+                 k["gd_paired_se"])
+             for k in metrics.get(PER_STEP_KEY, [])]
     rows.append(Row("least squares", "reference", metrics["lstsq_loss"], metrics["lstsq_loss_se"],
                     metrics["lstsq_gd_paired_diff"], metrics["lstsq_gd_paired_se"]))
     return rows

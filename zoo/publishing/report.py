@@ -25,6 +25,7 @@ from pathlib import Path
 
 from zoo.science import metrics
 from zoo.science.analysis.plots import POSITION_AXIS, POSITION_CURVES, finish
+from zoo.science.expected import claim_text, measured_text
 from zoo.storage.checkpoint import CONFIG, EVAL_RESULTS, HISTORY, CheckpointError, read_json
 
 COLUMNS = tuple(metrics.keys())  # every metric a checkpoint may have (zoo/science/metrics.py)
@@ -501,3 +502,106 @@ def _figure(rows: list[dict], tasks: list[str], path: Path) -> Path:
 
 def _fmt(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else ("" if v is None else str(v))
+
+
+# ---------------------------------------------------------------- reports/README.md: the release's counts
+# The counts and the reference table of reports/README.md's "Released checkpoints" come from the release
+# index, never by hand: `write_release_summary` rewrites what sits between these two lines, and
+# tests/test_readme.py checks that the README's block is `release_summary(read_index())`.
+SUMMARY_BEGIN = ("<!-- release summary: generated from release/index.json by "
+                 "zoo.publishing.report.write_release_summary; do not edit by hand -->")
+SUMMARY_END = "<!-- end of the release summary -->"
+PAPER_VERDICTS = ("meets", "falls short", "meets where checkable")
+
+
+def release_counts(index: dict) -> dict:
+    """What reports/README.md says of a release index: entries, trained (full recipe or shorter), constructed,
+    entries declaring departures, verdicts against paper values and references, entries with no expected value."""
+    rows = list(index["entries"].values())
+    trained = [r for r in rows if r["source"] == "trained"]
+    short = sorted((r for r in trained if isinstance(r.get("steps"), int) and isinstance(r.get("recipe_steps"), int)
+                    and r["steps"] < r["recipe_steps"]), key=lambda r: r["entry"])
+    verdicts = [r["verdict"] for r in rows]
+    return {
+        "version": index.get("version", ""),
+        "entries": len(rows),
+        "trained": len(trained),
+        "constructed": len(rows) - len(trained),
+        "full_recipe": len(trained) - len(short),
+        "short": [(r["entry"], r["steps"], r["recipe_steps"]) for r in short],
+        "threads": {n: sum(1 for r in trained if r.get("threads") == n)
+                    for n in sorted({r["threads"] for r in trained if isinstance(r.get("threads"), int)})},
+        "departures": sum(1 for r in rows if r.get("deviations")),
+        "meet": verdicts.count("meets"),
+        "fall_short": verdicts.count("falls short"),
+        "meet_where_checkable": verdicts.count("meets where checkable"),
+        "match_reference": sum(1 for v in verdicts if v.startswith("matches")),
+        "differ_reference": sum(1 for v in verdicts if v.startswith("differs")),
+        "no_expected": sum(1 for r in rows if not r.get("checks")),
+    }
+
+
+def _steps(row: dict) -> str:
+    if row["source"] != "trained":
+        return "—"
+    return f"{row['steps']:,} / {row['recipe_steps']:,}" if isinstance(row.get("steps"), int) else "—"
+
+
+def _check_text(check: dict) -> str:
+    measured = check.get("measured")
+    shown = f"{measured:.5g}" if isinstance(measured, float) and check["kind"] != "paired_gd" else \
+        measured_text(check["kind"], measured)
+    return f"{check['metric']}: {claim_text(check['kind'], check['value'], check['tolerance'])} → {shown}"
+
+
+def release_summary(index: dict) -> str:
+    """reports/README.md's generated block: the release's counts in words, then every entry checked only
+    against a reference the zoo computes (a closed form or a construction), with its claims and status."""
+    c = release_counts(index)
+    words = {1: "one thread", 2: "two threads"}
+    threads = ", ".join(f"{n} on {words.get(t, f'{t} threads')}" for t, n in c["threads"].items())
+    short = "; ".join(f"`{name}` ({steps:,} of {recipe:,} steps)" for name, steps, recipe in c["short"])
+    lines = [
+        f"The release, [`release/INDEX.md`](../release/INDEX.md) ({c['version']}), holds {c['entries']} entries: "
+        f"{c['trained']} trained and {c['constructed']} constructed. {c['full_recipe']} of the {c['trained']} trained "
+        f"entries ran their full recipe" + (f" ({threads})" if threads else "") + "; "
+        + (f"the other {len(c['short'])} hold shorter runs, said as such in their rows: {short}. " if c["short"]
+           else "none holds a shorter run. ")
+        + f"{c['departures']} of the {c['entries']} entries declare departures from the paper's setting or recipe "
+        f"(the index's departures column; each card lists them: what the paper says, what the zoo does, why). "
+        f"Against numbers the papers print: {c['meet']} meet, {c['fall_short']} fall short, "
+        f"{c['meet_where_checkable']} meet where checkable. Against a reference the zoo computes (not paper "
+        f"verdicts): {c['match_reference']} match, {c['differ_reference']} differ. {c['no_expected']} entries have "
+        "no expected value; their numbers appear on the pages above.",
+        "",
+        "Checked only against a reference the zoo computes (what computes each one: its card, and the index's notes):",
+        "",
+        "| entry | source | steps run / recipe | reference (claim) → measured | |",
+        "|---|---|---|---|---|",
+    ]
+    for name, row in sorted(index["entries"].items()):
+        checks = row.get("checks") or []
+        if checks and all(ch.get("source") == "reference" for ch in checks):
+            lines.append(f"| `{name}` | {row['source']} | {_steps(row)} | "
+                         f"{'; '.join(_check_text(ch) for ch in checks)} | {row['verdict']} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_release_summary(readme: Path, index: dict) -> bool:
+    """Rewrite the block between SUMMARY_BEGIN and SUMMARY_END of `readme` (reports/README.md) from `index`;
+    True when the file changed. The page's own prose around the block is left as written."""
+    text = readme.read_text()
+    if text.count(SUMMARY_BEGIN) != 1 or text.count(SUMMARY_END) != 1:
+        raise ValueError(f"{readme}: expected one '{SUMMARY_BEGIN}' line and one '{SUMMARY_END}' line")
+    head, rest = text.split(SUMMARY_BEGIN + "\n")
+    _, tail = rest.split(SUMMARY_END)
+    new = head + SUMMARY_BEGIN + "\n" + release_summary(index) + SUMMARY_END + tail
+    if new != text:
+        readme.write_text(new)
+    return new != text
+
+
+def readme_release_block(readme: Path) -> str:
+    """The generated block as reports/README.md holds it (what a test compares with `release_summary`)."""
+    text = readme.read_text()
+    return text.split(SUMMARY_BEGIN + "\n", 1)[1].split(SUMMARY_END, 1)[0]

@@ -1,7 +1,7 @@
 """The declarative zoo: TOML entries under `zoo/science/entries/`, validated with pydantic.
 
 Each file declares `[tasks.<name>]` (a task with its frozen splits) and `[models.<name>]`
-(an architecture on a task, trained or constructed, with the paper result it reproduces).
+(an architecture on a task, trained or constructed, with the paper result it addresses).
 Every error names the file, the entry and the field.
 """
 
@@ -269,7 +269,7 @@ class Entry(Strict):
     name: str
     file: str
     description: str = ""
-    paper: str  # seed paper and table/figure reproduced
+    paper: str  # seed paper and the table/figure it addresses
     task: str  # name of a [tasks.*] entry
     arch: Arch
     source: Source

@@ -18,7 +18,7 @@ from zoo.storage.locate import VERSION as RELEASE_TAG  # the tag every released 
 from zoo.storage.manifest import CARD_MARKER  # noqa: F401  (cli's publish asks whether a README.md is a generated card)
 
 REPO_URL = "https://github.com/icl-zoo/icl-zoo"
-ONNX_TOLERANCE = 1e-3  # relative: the card's onnxruntime snippet reproduces test_loss to this (fp32 kernels differ)
+ONNX_TOLERANCE = 1e-3  # relative: the card's onnxruntime snippet re-scores test_loss to this (fp32 kernels differ)
 METRIC_NAMES = {m.key: m.label for m in METRICS if m.group != "reference"}  # a card reports the model's own numbers
 
 
