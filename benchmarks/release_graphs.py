@@ -2,8 +2,9 @@
 
 For each released entry: the whole-sequence graph (model.onnx) fed the full test split (10,000 tasks) in one
 `run`, in a fresh child process on one thread with only onnxruntime and numpy loaded: its first run's seconds,
-its steady tokens/s (best of --repeats runs) and its peak memory above the child's memory after import and
-input (ru_maxrss growth; a child past --memory-limit is stopped and shown as over it). Beside it, in the same
+its steady tokens/s (best of --repeats runs) and the child's peak resident memory, all of it (Python, ONNX Runtime,
+the split's tokens and the outputs: what a snippet's process holds), beside its growth over the resident memory
+before the first run (a graph growing past --memory-limit is stopped and shown as over it). Beside it, in the same
 run: the chunk path (`StreamingSession`: its first push of the split, which includes choosing a chunk graph, and
 a steady push), and the model's FLOPs per token with the percent of the dense matmul floor that model.onnx
 reaches. The floor is measured in this run (the largest-weight-shaped float32 MatMul on one thread, ONNX
@@ -12,7 +13,7 @@ Runtime or numpy, the faster; benchmarks/streaming.py `matmul_floor`).
 FLOPs per token are counted on the step graph (recurrent models) or on one block of the sequence graph (the
 rest), at batch 1: 2·K·N per MatMul or Gemm by a K × N matrix (2·M·K·N for a product of two activations), one
 per output element of each elementwise op (a K = 1 MatMul, the rewrites' outer products and widenings, counts
-one per element).
+one per element); ONNX's LSTM/GRU ops, 2 per weight per token and direction (their gates' elementwise work left out).
 
 The target (issue 52): ≤ 1 GiB and ≥ 1M tokens/s on one thread, or ≥ 25% of the floor where 1M tokens/s is
 above it. Rows come worst first (tokens/s over the target).
@@ -52,16 +53,17 @@ tokens = np.load(tokens_path)
 options = ort.SessionOptions()
 options.intra_op_num_threads = options.inter_op_num_threads = 1
 session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-resource.setrlimit(resource.RLIMIT_AS, (limit + base * 2, resource.RLIM_INFINITY))
+page = resource.getpagesize()
+virtual, resident = (int(v) * page for v in open("/proc/self/statm").read().split()[:2])
+resource.setrlimit(resource.RLIMIT_AS, (virtual + limit, resource.RLIM_INFINITY))  # the graph's growth is capped
 times = []
 for _ in range(1 + repeats):
     start = time.perf_counter()
     (out,) = session.run(None, {"tokens": tokens})
     times.append(time.perf_counter() - start)
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({"first_s": times[0], "steady_s": min(times[1:] or times), "peak_bytes": peak - base,
-                  "out_shape": list(out.shape)}))
+print(json.dumps({"first_s": times[0], "steady_s": min(times[1:] or times), "peak_bytes": peak,
+                  "growth_bytes": max(0, peak - resident), "out_shape": list(out.shape)}))
 """
 
 
@@ -133,6 +135,9 @@ def graph_flops(model, per: int = 1) -> tuple[int, tuple[int, int]]:
             flops += int(np.prod(out)) * (2 * k if k > 1 else 1)
             if n.input[1] in weights and len(weights[n.input[1]]) == 2 and k > 1:
                 biggest = max(biggest, weights[n.input[1]], key=lambda kn: kn[0] * kn[1])
+        elif n.op_type in ("LSTM", "GRU", "RNN") and n.input[1] in weights and n.input[2] in weights:
+            steps = shapes.get(n.input[0], [1])[0]  # ONNX's recurrent ops take (T, batch, input)
+            flops += steps * 2 * (int(np.prod(weights[n.input[1]])) + int(np.prod(weights[n.input[2]])))
         elif n.op_type in elementwise and out:
             flops += int(np.prod(out))
     return flops // per, biggest
@@ -178,17 +183,19 @@ def measure_entry(name: str, root: Path, tokens: np.ndarray, repeats: int, memor
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| entry | tasks × T | model.onnx first run s | tokens/s | peak MiB | FLOPs/token | % of floor | target "
-             "tokens/s | meets | chunk path tokens/s | chunk first push s |",
+    lines = ["| entry | tasks × T | model.onnx first run s | tokens/s | peak MiB (growth) | FLOPs/token | % of floor | "
+             "target tokens/s | meets | chunk path tokens/s | chunk first push s |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['entry']} | {r['tasks']} × {r['tokens_per_task']} | {r['error']} |||||||||")
             continue
-        chunk = (f"{r['chunk_tokens_per_s'] / 1e6:.2f}M ({r['chunk_graph']}) | {r['chunk_first_push_s']:.2f}"
+        chunk = (f"{r['chunk_tokens_per_s'] / 1e6:.2f}M ({r['chunk_graph']}) | {r['chunk_first_push_s']:.2f} "
+                 f"({r['chunk_chosen_by']})"
                  if "chunk_tokens_per_s" in r else "— (not recurrent) | —")
         lines.append(f"| {r['entry']} | {r['tasks']} × {r['tokens_per_task']} | {r['first_s']:.2f} | "
-                     f"{r['tokens_per_s'] / 1e6:.2f}M | {r['peak_bytes'] / 2**20:.0f} | {r['flops_per_token']:,} | "
+                     f"{r['tokens_per_s'] / 1e6:.2f}M | {r['peak_bytes'] / 2**20:.0f} ({r['growth_bytes'] / 2**20:.0f}) | "
+                     f"{r['flops_per_token']:,} | "
                      f"{r['floor_percent']:.1f}% | {r['target_tokens_per_s'] / 1e6:.2f}M | {'yes' if r['meets'] else 'no'} | "
                      f"{chunk} |")
     return "\n".join(lines)

@@ -52,6 +52,9 @@ CHUNK_GRAPHS = ("parallel", "scan", "hoisted")
 PROBE_SECONDS = 0.01  # each candidate is timed for at least this long per round (after one warm-up run)
 PROBE_ROUNDS = 2
 PROBE_MIN_T = 16  # a push of fewer tokens per stream, before this batch size was probed, runs the step graph
+# Probe runs use at most this many streams (with the batch's tokens per run): the candidates' order is the same
+# and the first push's cost stays bounded at any batch (Mamba at batch 10,000: 12.0 s of probing before).
+PROBE_MAX_STREAMS = 256
 
 
 MAX_WIDTH = 1 << 16  # most values per token (icl_zoo.d_in) or output (icl_zoo.d_out) a graph may declare
@@ -391,8 +394,9 @@ class StreamingSession:
 
         session = self._chunk_session(kind)[0]
         rng = np.random.default_rng(0)
-        tokens = (rng.uniform(-1, 1, (self.batch, piece, self.d_in)) * 0.1).astype(np.float32)
-        zero = {name: np.zeros(shape, np.float32) for name, shape in self.state_shapes(self.batch).items()}
+        streams = min(self.batch, PROBE_MAX_STREAMS)  # a run's cost grows with the batch: the probe's does not
+        tokens = (rng.uniform(-1, 1, (streams, piece, self.d_in)) * 0.1).astype(np.float32)
+        zero = {name: np.zeros(shape, np.float32) for name, shape in self.state_shapes(streams).items()}
         if self.on_gpu:
             zero = {k: ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0) for k, v in zero.items()}
         if warm:
@@ -403,7 +407,7 @@ class StreamingSession:
             runs += 1
             elapsed = time.perf_counter() - start
             if elapsed >= PROBE_SECONDS:
-                return runs * self.batch * piece / elapsed
+                return runs * streams * piece / elapsed
 
     def _chunk_graph(self):
         """(session, tokens per run) of the chunk graph this batch uses (chosen by _choose)."""

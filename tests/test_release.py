@@ -265,7 +265,7 @@ def test_card_snippets_run_verbatim(name, monkeypatch, capsys):
     monkeypatch.delenv("HF_ENDPOINT", raising=False)
     card = (locate.release_dir() / name / "README.md").read_text()
     head = card.split("---", 2)[2][:1500]  # the first lines: what, which paper, measured vs paper
-    assert "**What it does.**" in head and "**Reproduces**" in head and "**Measured**" in head
+    assert "**What it does.**" in head and "**Addresses**" in head and "**Measured**" in head
     assert "pipeline_tag" not in card and "arxiv:" in card
     blocks = _python_blocks(card)
     assert blocks, "a card without a usage snippet"

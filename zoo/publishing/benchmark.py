@@ -1097,7 +1097,7 @@ def check(record: dict, model, *, revision: str | None = None, endpoint: str | N
         return _refuted(what, problems)
     n = sum(1 for _ in _numbers(rescored["metrics"]))
     return Verdict(True, f"confirmed: {what} (split SHA-256 {rescored['dataset_sha256'][:12]}…): "
-                         f"{n} numbers reproduced to a relative {rtol:g}")
+                         f"{n} numbers re-scored to within a relative {rtol:g}")
 
 
 def _refuted(what: str, problems: list[str]) -> Verdict:
