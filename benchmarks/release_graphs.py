@@ -61,7 +61,8 @@ for _ in range(1 + repeats):
     start = time.perf_counter()
     (out,) = session.run(None, {"tokens": tokens})
     times.append(time.perf_counter() - start)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# VmHWM, not ru_maxrss: ru_maxrss survives exec, so it would count the parent's (torch-laden) image at fork
+peak = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:"))
 print(json.dumps({"first_s": times[0], "steady_s": min(times[1:] or times), "peak_bytes": peak,
                   "growth_bytes": max(0, peak - resident), "out_shape": list(out.shape)}))
 """

@@ -12,17 +12,22 @@
 | `zoo COMMAND --help` | every positional argument explained, an example at the end | test_every_command_explains_its_arguments_and_ends_with_an_example |
 | `zoo … --json | jq` | JSON alone on stdout (what else the command says goes to stderr) | test_json_output_is_json_alone |
 | a script checks `$?` | 0 done, 1 a runtime error (one line), 2 a usage error, 130 interrupted | test_exit_codes |
+| a command writes files (build, eval --out, leaderboard, sweep, stream --output, datasets, pull --local-dir) | the paths, on stderr beside --json | test_json_output_is_json_alone, test_commands_that_write_files_say_where |
+| `zoo build` after training | each step said as it starts (evaluation, graphs, card); nothing with --quiet | test_json_output_is_json_alone, test_build_phases_are_said_unless_quiet |
+| asks for a revision the repo does not have | one line naming its branches and tags (not other repos) | test_a_wrong_revision_names_the_revisions_the_repo_has |
+| `zoo pull --include … --local-dir …`, as `hf download` | those files, verified, in that folder; hostile patterns refused first | test_pull_include_and_local_dir |
 """
 
 from __future__ import annotations
 
 import argparse
 import http.server
-import os
-import socket
 import io
 import json
+import os
+import socket
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -189,7 +194,7 @@ def test_every_command_explains_its_arguments_and_ends_with_an_example(words):
 
 
 @pytest.mark.parametrize("argv", [
-    ["build", "lsa-gd-zucchet-icl", "--no-graphs", "--quiet", "--json", "--out", "{tmp}/built"],
+    ["build", "lsa-gd-zucchet-icl", "--no-graphs", "--json", "--out", "{tmp}/built"],
     ["leaderboard", "zucchet-icl", "--only", "lsa-gd-zucchet-icl", "--quiet", "--json", "--out", "{tmp}/board"],
     ["eval", "lsa-gd-zucchet-icl", "--json"],
     ["eval", "{release}/lsa-gd-zucchet-icl/model.onnx", "--task", "zucchet-icl", "--json", "--out", "{tmp}/r.json"],
@@ -199,10 +204,16 @@ def test_every_command_explains_its_arguments_and_ends_with_an_example(words):
 def test_json_output_is_json_alone(argv, tmp_path, capsys):
     argv = [a.format(tmp=tmp_path, release=release_dir()) for a in argv]
     assert cli.main(argv) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert json.loads(out), out[:500]  # the whole of stdout is one JSON document
+    if "--out" in argv:  # what the command wrote is said, on stderr
+        assert str(tmp_path) in err and argv[argv.index("--out") + 1] in err, err
     if argv[0] == "build":
         assert json.loads(out)["test_loss"] == pytest.approx(json.loads(out)["gd_loss"], rel=1e-4)  # θ_GD is one GD step
+        said = [line.strip() for line in err.splitlines() if line.startswith("  ")]
+        assert [line.split(" (")[0].rstrip("…") for line in said] == [  # after any training: the seconds are said
+            "loading the frozen validation and test splits", "constructing the weights",
+            "evaluating on the frozen test split", "saving the weights", "writing the card and its figures"], err
     if argv[0] == "leaderboard":
         rows = json.loads(out)["rows"]
         assert {r["name"] for r in rows} >= {"lsa-gd-zucchet-icl", "least squares"} and (tmp_path / "board").is_dir()
@@ -224,3 +235,114 @@ def test_exit_codes(capsys, monkeypatch):
     monkeypatch.setattr(cli.registry, "cmd_show", interrupted)
     assert cli.main(["show", "lsa-gd-zucchet-icl"]) == 130
     assert "interrupted" in capsys.readouterr().err
+
+
+def test_build_phases_are_said_unless_quiet(capsys):
+    from zoo.running.builder import phases
+
+    phases(False)("evaluating")
+    assert capsys.readouterr() == ("", "")
+    phases(True)("evaluating")
+    assert capsys.readouterr() == ("", "  evaluating…\n")
+
+
+def test_commands_that_write_files_say_where(tmp_path, capsys, monkeypatch):
+    import numpy as np
+
+    from zoo.running import sweep
+
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    spec = tmp_path / "t.toml"
+    spec.write_text('name = "t"\nentries = ["lsa-d10-c10"]\nseeds = [0, 1]\nsteps = 3\n')
+    monkeypatch.setattr(sweep, "run_group", lambda runs, *a, **k: [
+        {"run": r.name, "entry": r.entry, "seed": r.seed, "status": "built", "steps": 3} for r in runs])
+    assert cli.main(["sweep", str(spec), "--out", str(tmp_path / "sweep"), "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("|") and f"wrote {tmp_path / 'sweep' / 'results.md'}, {tmp_path / 'sweep' / 'results.json'}" in err
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["sweep", str(spec), "--quiet"]) == 0  # the default folder, named
+    assert f"in {os.path.join('runs', 't')}" in capsys.readouterr().err and (tmp_path / "runs" / "t" / "results.md").is_file()
+
+    np.save(tmp_path / "tokens.npy", np.zeros((3, 6), np.float32))  # lsa-gd-zucchet-icl's tokens: d_x + d_y = 6
+    argv = ["stream", "lsa-gd-zucchet-icl", "--input", "tokens.npy", "--output", "out.npy", "--quiet"]
+    assert cli.main(argv) == 0
+    assert capsys.readouterr().err == "wrote out.npy\n" and np.load(tmp_path / "out.npy").shape == (1, 3, 3)
+
+    assert cli.main(["datasets", "verify", "zucchet-icl"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) and err == f"frozen splits in {Path(os.environ['ICL_ZOO_CACHE']) / 'datasets'}\n"
+
+
+@pytest.fixture(scope="module")
+def served_release(tmp_path_factory):
+    """A hub serving one released entry's repo as the release publishes it (main, tagged with the version)."""
+    import shutil
+
+    from zoo.publishing import hub
+    from zoo.storage.locate import VERSION
+
+    tmp = tmp_path_factory.mktemp("served-release")
+    shutil.copytree(release_dir() / RELEASED, tmp / RELEASED)
+    hub.publish_local(tmp / RELEASED, f"icl-zoo/{RELEASED}", root=tmp / "hub")
+    hub.tag_local(tmp / "hub", f"icl-zoo/{RELEASED}", VERSION)
+    proc, endpoint = hub.start_server(tmp / "hub")
+    try:
+        yield endpoint
+    finally:
+        hub.stop_server(proc)
+
+
+RELEASED = "lsa-gd-zucchet-icl"
+
+
+def test_a_wrong_revision_names_the_revisions_the_repo_has(served_release, tmp_path, capsys, monkeypatch):
+    from huggingface_hub import constants
+
+    import zoo
+    from zoo.storage.locate import VERSION, HubError
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
+    endpoint, repo = served_release, f"icl-zoo/{RELEASED}"
+    assert cli.main(["pull", repo, "--revision", "v9", "--endpoint", endpoint]) == 1
+    said = f"{repo} on {endpoint} has no revision 'v9'; its branches: main; its tags: {VERSION}"
+    assert capsys.readouterr().err == f"error: {said}\n"  # one line; no other repo suggested
+    assert cli.main(["eval", repo, "--revision", "mian", "--endpoint", endpoint, "--json"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"error: {said.replace('v9', 'mian')}; did you mean main?\n"
+    with pytest.raises(HubError) as e:
+        zoo.from_pretrained(repo, revision="v9", endpoint=endpoint)
+    assert str(e.value) == said
+
+
+def test_pull_include_and_local_dir(served_release, tmp_path, capsys, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))  # read per call (HF_HOME: at import)
+    endpoint, repo, released = served_release, f"icl-zoo/{RELEASED}", release_dir() / RELEASED
+    for bad in ("../config.json", "/etc/passwd", "sub/*.onnx", "a\\b", "*\x00", ""):  # refused before any download
+        assert cli.main(["pull", repo, "--endpoint", endpoint, "--include", bad, "--local-dir", str(tmp_path / "g")]) == 1
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and "not a file name pattern" in err, (bad, err)
+    assert not (tmp_path / "hf").exists() and not (tmp_path / "g").exists()
+
+    outside = tmp_path / "outside.json"
+    outside.write_text("keep me")
+    (tmp_path / "g").mkdir()
+    (tmp_path / "g" / "config.json").symlink_to(outside)  # replaced, never written through
+    argv = ["pull", repo, "--endpoint", endpoint, "--include", "*.onnx", "--include", "config.json", "--local-dir",
+            str(tmp_path / "g")]
+    assert cli.main(argv) == 0
+    wanted = ["config.json", "model.onnx", "model_chunk.onnx", "model_step.onnx"]
+    out = capsys.readouterr().out
+    assert out.startswith(f"{repo}@main → {tmp_path / 'g'}: {', '.join(wanted)}  ({RELEASED}, verified against release")
+    assert sorted(p.name for p in (tmp_path / "g").iterdir()) == wanted and outside.read_text() == "keep me"
+    assert all((tmp_path / "g" / n).read_bytes() == (released / n).read_bytes() for n in wanted)
+    assert not (tmp_path / "hf").exists()  # through a temporary cache: the Hugging Face cache is untouched
+
+    assert cli.main(["pull", repo, "--endpoint", endpoint, "--include", "*.json"]) == 0  # in the cache: said which
+    out = capsys.readouterr().out
+    assert f"{tmp_path / 'hf'}" in out and out.split(": ", 1)[1].startswith("config.json, eval_results.json  (")
+    assert cli.main(["pull", repo, "--endpoint", endpoint, "--include", "*.bin"]) == 1
+    assert "none of icl-zoo/lsa-gd-zucchet-icl's files match (its files: README.md, config.json" in capsys.readouterr().err
+    assert cli.main(["pull", repo, "--endpoint", endpoint, "--local-dir", str(outside)]) == 1
+    assert capsys.readouterr().err == f"error: --local-dir {outside}: not a folder\n"

@@ -263,6 +263,159 @@ def test_prepare_once_per_release(release_hub):
     assert release_key(changed)[0] != h.marker["key"]  # any change to index.json prepares again
 
 
+def _git_out(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", f"--git-dir={repo / '.git'}", *args], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_a_repo_written_without_git_is_the_one_git_writes(tmp_path):
+    """zoo.publishing.hub_git writes a new repo's commit in-process (one pack, packed refs): git checks it whole and
+    finds the tree `git add` makes of the same files, main and the tag; `zoo publish` then commits on top of it."""
+    from zoo.publishing.hub_git import write_new_repo
+
+    files = {"README.md": b"# x\n", "config.json": b"{}", "data/test-00000-of-00001.parquet": os.urandom(200_000),
+             "data-x": b"", "data/sub/a.bin": b"a" * 70_000, "copy.md": b"# x\n"}
+    src = tmp_path / "src"
+    for rel, data in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    root = tmp_path / "hub"
+    hub.publish_local(src, "org/by-git", root=root)
+    direct = root / "models" / "org" / "direct"
+    commit = write_new_repo(direct, files, message="icl-zoo release v9", tag="v9")
+    subprocess.run(["git", f"--git-dir={direct / '.git'}", "fsck", "--strict", "--full"], check=True, capture_output=True)
+    assert _git_out(direct, "rev-parse", "main^{tree}") == _git_out(root / "models/org/by-git", "rev-parse", "main^{tree}")
+    assert _git_out(direct, "rev-parse", "main", "v9").split() == [commit, commit]
+    assert _git_out(direct, "log", "--format=%an <%ae>|%s") == "icl-zoo <icl-zoo@localhost>|icl-zoo release v9"
+    for rel, data in files.items():
+        assert subprocess.run(["git", f"--git-dir={direct / '.git'}", "cat-file", "blob", f"v9:{rel}"],
+                              capture_output=True, check=True).stdout == data
+    (src / "NOTES.md").write_text("later\n")
+    later = hub.publish_local(src, "org/direct", root=root, message="Add notes")
+    assert _git_out(direct, "rev-list", "main").split() == [later, commit]
+    assert _git_out(direct, "diff", "--name-only", commit, later) == "NOTES.md"
+    with pytest.raises(FileExistsError):
+        write_new_repo(direct, files, message="again")
+    for bad in ({"../x": b""}, {"a/.git/config": b""}, {"a": b"", "a/b": b""}, {"/abs": b""}):
+        with pytest.raises(ValueError):
+            write_new_repo(root / "models" / "org" / "bad", bad, message="m")
+    assert sorted(p.name for p in (root / "models" / "org").iterdir()) == ["by-git", "direct"]  # nothing left staged
+
+
+def test_split_identity_reads_as_the_frozen_splits_do(tmp_path):
+    """The torch-free check of a cached dataset repo's parquet gives zoo.science.tasks.frozen's content hash."""
+    from zoo.publishing.hub_prepare import split_identity
+    from zoo.science.tasks.frozen import content_hash, save_split
+
+    gen = np.random.default_rng(0)
+    x, y = gen.standard_normal((7, 5, 3), dtype=np.float32), gen.standard_normal((7, 5, 2), dtype=np.float32)
+    save_split(x, y, tmp_path)
+    assert split_identity((tmp_path / "data.parquet").read_bytes()) == (7, content_hash(x, y))
+
+
+def _rewrite_parquet(path: Path, change) -> None:
+    """The split at `path` rewritten with `change(columns, metadata)` applied (a valid parquet file)."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    columns = {n: table.column(n).combine_chunks() for n in table.column_names}
+    metadata = dict(table.schema.metadata)
+    change(columns, metadata)
+    pq.write_table(pa.table(columns).replace_schema_metadata(metadata), path)
+
+
+def _one_value_changed(columns, metadata):
+    x = columns["x"].storage if isinstance(columns["x"].type, pa.ExtensionType) else columns["x"]
+    values = x.flatten().flatten().to_numpy().copy()
+    values[0] += 1
+    inner = pa.ListArray.from_arrays(x.flatten().offsets, pa.array(values))
+    columns["x"] = pa.ListArray.from_arrays(x.offsets, inner)
+
+
+def _ragged(columns, metadata):
+    """The same values in the same order (so the same bytes to hash), the first two rows' boundary moved."""
+    x = columns["x"].storage if isinstance(columns["x"].type, pa.ExtensionType) else columns["x"]
+    offsets = x.offsets.to_numpy().copy()
+    offsets[1] += 1
+    columns["x"] = pa.ListArray.from_arrays(pa.array(offsets), x.flatten())
+
+
+def _float16_declared(columns, metadata):
+    metadata[b"huggingface"] = metadata[b"huggingface"].replace(b'"float32"', b'"float16"', 1)
+
+
+CACHE_TAMPERING = {
+    "a value changed": lambda e: _rewrite_parquet(e / "data" / "test-00000-of-00001.parquet", _one_value_changed),
+    "rows made ragged": lambda e: _rewrite_parquet(e / "data" / "test-00000-of-00001.parquet", _ragged),
+    "another dtype declared": lambda e: _rewrite_parquet(e / "data" / "test-00000-of-00001.parquet", _float16_declared),
+    "not parquet": lambda e: (e / "data" / "test-00000-of-00001.parquet").write_bytes(b"PAR1 not really"),
+    "hashes.json edited": lambda e: (e / "hashes.json").write_text((e / "hashes.json").read_text().replace('"seed": ', '"seed": 1')),
+    "card quotes another hash": lambda e: (e / "README.md").write_text(
+        (e / "README.md").read_text() + "\nexpected_sha256=" + "0" * 64 + "\n"),
+    "a file missing": lambda e: (e / "hashes.json").unlink(),
+    "a file too many": lambda e: (e / "data" / "evil.py").write_text("import os\n"),
+    "a symlink": lambda e: ((e / "README.md").rename(e.parent / "elsewhere.md"),
+                            (e / "README.md").symlink_to(e.parent / "elsewhere.md")),
+    "a FIFO": lambda e: ((e / "README.md").unlink(), os.mkfifo(e / "README.md")),
+}
+
+
+@pytest.fixture(scope="module")
+def dataset_cache(release_hub, tmp_path_factory):
+    """The cached dataset repo the release_hub preparation kept (its task's only entry), and what pins it."""
+    from zoo.publishing import hub_prepare as hp
+
+    h = release_hub
+    (entry,) = (Path(os.environ["ICL_ZOO_CACHE"]) / hp.DATASET_CACHE / h.task).iterdir()
+    pristine = tmp_path_factory.mktemp("pristine") / entry.name
+    shutil.copytree(entry, pristine)
+    pinned = hp.pinned_splits(json.loads((h.folder / "config.json").read_text())["task"])
+    return SimpleNamespace(key=entry.name, pristine=pristine, pinned=pinned)
+
+
+@pytest.mark.parametrize("tamper", list(CACHE_TAMPERING))
+def test_a_cached_dataset_repo_that_does_not_check_out_is_refused(release_hub, dataset_cache, tamper, tmp_path,
+                                                                 monkeypatch, capsys):
+    from zoo.publishing import hub_prepare as hp
+
+    monkeypatch.setenv("ICL_ZOO_CACHE", str(tmp_path / "cache"))
+    entry = hp.cache_folder(release_hub.task, dataset_cache.key)
+    shutil.copytree(dataset_cache.pristine, entry)
+    assert hp.cached_dataset(release_hub.task, dataset_cache.key, dataset_cache.pinned) is not None  # as kept
+    CACHE_TAMPERING[tamper](entry)
+    assert hp.cached_dataset(release_hub.task, dataset_cache.key, dataset_cache.pinned) is None
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"warning: the cached dataset repo {entry} is not used (") and line.endswith("rebuilding it")
+
+
+def test_an_empty_hub_dir_takes_the_dataset_repos_from_the_cache(release_hub, dataset_cache, tmp_path, monkeypatch):
+    """A new hub dir gets the dataset repo from the cache (the same files: the same tree as the first preparation's);
+    with the cache entry itself a symlink, or its data changed, the repo is rebuilt and the cache entry rewritten."""
+    from zoo.publishing import hub_prepare as hp
+
+    h = release_hub
+    monkeypatch.setenv("ICL_ZOO_CACHE", str(tmp_path / "cache"))
+    entry = hp.cache_folder(h.task, dataset_cache.key)
+    shutil.copytree(dataset_cache.pristine, entry)
+    if hp.dataset_key(h.task, hp.dataset_sources()) != dataset_cache.key:
+        pytest.skip("a dataset source changed since the fixture prepared the hub (files edited meanwhile)")
+
+    def tree(root: Path) -> str:
+        return _git_out(root / "datasets" / h.dataset, "rev-parse", f"{h.version}^{{tree}}")
+
+    marker = hp.prepare(tmp_path / "hub-1", h.folder.parent, progress=False)
+    assert marker["reused"] is False and marker["datasets_from_cache"] == [h.task]
+    assert tree(tmp_path / "hub-1") == tree(h.root)
+    assert marker["models"][ENTRY] == _git_out(tmp_path / "hub-1" / "models" / ORG_ENTRY, "rev-parse", h.version)
+
+    shutil.move(entry, tmp_path / "real-entry")
+    entry.symlink_to(tmp_path / "real-entry", target_is_directory=True)
+    _rewrite_parquet(tmp_path / "real-entry" / "data" / "test-00000-of-00001.parquet", _one_value_changed)
+    marker = hp.prepare(tmp_path / "hub-2", h.folder.parent, progress=False)
+    assert marker["datasets_from_cache"] == [] and tree(tmp_path / "hub-2") == tree(h.root)
+    assert not entry.is_symlink() and hp.cached_dataset(h.task, dataset_cache.key, dataset_cache.pinned) is not None
+
+
 def _model_listing(h):
     api = h.api
     assert [m.id for m in api.list_models(author="icl-zoo")] == [ORG_ENTRY]
@@ -481,6 +634,28 @@ CALLS = {
 @pytest.mark.parametrize("call", list(CALLS))
 def test_hub_call(release_hub, call):
     CALLS[call](release_hub)
+
+
+def test_the_library_snippet_of_the_readme_runs_as_written(release_hub, tmp_path):
+    """README's "On the Hugging Face Hub" snippet (the one the Hub would show for `library_name: icl-zoo`), with
+    <entry> filled in, loads the served repo from an empty folder as a torch module in eval mode."""
+    from markdown_it import MarkdownIt
+
+    h = release_hub
+    assert h.card["library_name"] == "icl-zoo"
+    text = (Path(__file__).parents[1] / "README.md").read_text()
+    section = text.split("#### On the Hugging Face Hub", 1)[1]
+    snippet = next(t.content for t in MarkdownIt("commonmark").parse(section) if t.type == "fence")  # its first
+    assert 'zoo.from_pretrained("icl-zoo/<entry>")' in snippet
+    code = snippet.replace("<entry>", ENTRY) + "print(type(model).__mro__[-2].__name__, model.training)\n"
+    from zoo.publishing.hub_prepare import prepare
+
+    prepare(tmp_path / "hub", h.folder.parent, progress=False)  # the release alone (release_hub's main moved on)
+    with hub.serve(tmp_path / "hub") as endpoint:
+        env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_HOME": str(tmp_path / "hf")}
+        out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["Module", "False"]
 
 
 # ---------------------------------------------------------------- hostile repos and requests

@@ -72,13 +72,16 @@ def sweep_update(args, spec) -> dict:
 def cmd_sweep(args) -> int:
     training_process()
     # deferred: imports pydantic and numpy (~0.2 s)
-    from zoo.running.sweep import load_spec, markdown_table, run_sweep
+    from zoo.running.sweep import load_spec, markdown_table, path_component, run_sweep
 
     spec = load_spec(args.spec)
     spec = spec.model_copy(update=sweep_update(args, spec))
-    rows = run_sweep(spec, args.out, backend=args.backend, address=args.address, gpus_per_run=args.gpus_per_run,
+    out = Path(args.out or Path("runs") / path_component(spec.name, "sweep name"))  # run_sweep's default, said below
+    rows = run_sweep(spec, out, backend=args.backend, address=args.address, gpus_per_run=args.gpus_per_run,
                      workers=args.workers, progress=not args.quiet)
     print(markdown_table(rows), end="")
+    print(f"wrote {out / 'results.md'}, {out / 'results.json'} and {len(rows)} checkpoint folders in {out}",
+          file=sys.stderr)  # stderr: stdout is the table alone
     return 0
 
 

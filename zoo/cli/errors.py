@@ -35,7 +35,8 @@ def looks_like_folder(text: str) -> bool:
 
 def hub_failure(e: BaseException) -> str | None:
     """What a huggingface_hub error means to a person: 'not found' or 'cannot reach'; None for other errors."""
-    for err in (e, e.__cause__, e.__context__):
+    # an error raised `from None` (e.g. the hub's "no such revision", said with the repo's revisions) speaks for itself
+    for err in (e, e.__cause__, None if e.__suppress_context__ else e.__context__):
         if err is None:
             continue
         module, name = type(err).__module__, type(err).__name__

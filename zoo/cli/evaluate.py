@@ -158,6 +158,7 @@ def cmd_benchmark(args) -> int:
                                 endpoint=args.endpoint, **limit_args(args))
     if args.out:  # only a scored model gets a record: a failure above leaves nothing behind
         write_text(args.out, json.dumps(record, indent=2, sort_keys=True) + "\n")
+        print(f"wrote {args.out}", file=sys.stderr)  # stderr: with --json, stdout is the record alone
     if args.json:
         print_json(record)
     else:

@@ -3,6 +3,9 @@ from a Hub, and the local hub served as one."""
 
 from __future__ import annotations
 
+import fnmatch
+import os
+import secrets
 import signal
 import sys
 import tempfile
@@ -13,11 +16,16 @@ import zoo
 from zoo.cli.output import add_command, print_json
 from zoo.publishing import hub
 from zoo.publishing.hub_prepare import prepare
-from zoo.storage.locate import locate, validate_repo_id
+from zoo.storage.locate import is_checkpoint_file, locate, validate_repo_id
 
 
 def hub_kwargs(args) -> dict:
     return {"root": Path(args.root)} if args.hub == "local" and args.root else {}
+
+
+def hub_name(args) -> str:
+    """Where a publish went: the local hub's folder, or the Hub's name as given."""
+    return f"local hub {Path(args.root) if args.root else hub.default_local_hub()}" if args.hub == "local" else args.hub
 
 
 def cmd_publish(args) -> int:
@@ -51,7 +59,7 @@ def cmd_publish(args) -> int:
             write_card_and_figures(ckpt, staged, repo_id=args.repo, dataset_repo=args.dataset_repo,
                                    dataset_revision=args.dataset_revision)
         sha = hub.publish(staged, args.repo, hub=args.hub, repo_type="model", **hub_kwargs(args))
-    print(f"published {folder} → {args.repo} ({args.hub}) revision {sha}  ({ckpt.trust})")
+    print(f"published {folder} → {args.repo} ({hub_name(args)}) revision {sha}  ({ckpt.trust})")
     return 0
 
 
@@ -60,7 +68,7 @@ def cmd_publish_dataset(args) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         folder, hashes = hub.dataset_folder(args.task, Path(tmp), repo=args.repo, revision="main")  # the card loads this repo
         sha = hub.publish(folder, args.repo, hub=args.hub, repo_type="dataset", **hub_kwargs(args))
-    print(f"published frozen splits of {args.task} → {args.repo} ({args.hub}) revision {sha}")
+    print(f"published frozen splits of {args.task} → {args.repo} ({hub_name(args)}) revision {sha}")
     print_json(hashes)
     return 0
 
@@ -75,10 +83,13 @@ def cmd_hub_serve(args) -> int:
     try:
         if args.port:  # a busy port is refused before the release is imported (minutes the first time)
             hub.check_port_free(args.port)
-        if not args.no_release:
+
+        def prepare_release():
             with hub.preparing(root):  # one preparation of a folder at a time; a second server waits for it
                 prepare(root)  # once per release (progress shown); reused while the release is unchanged
-        proc, endpoint = hub.start_server(root, args.port)
+
+        # the server process starts (imports) while the release is prepared, and listens once it is
+        proc, endpoint = hub.start_server(root, args.port, meanwhile=None if args.no_release else prepare_release)
         print(f"serving the local hub {root} at {endpoint}", flush=True)
         print(f"  export HF_ENDPOINT={endpoint}    # then huggingface_hub / datasets / zoo use it", flush=True)
         while proc.poll() is None:
@@ -93,13 +104,76 @@ def cmd_hub_serve(args) -> int:
 
 
 def cmd_pull(args) -> int:
+    """Download a checkpoint repo, verify it (zoo.storage.locate), and say where it is. --include keeps only the
+    files matching its patterns; --local-dir writes them into that folder (downloaded through a temporary cache,
+    not the Hugging Face cache). The checkpoint is downloaded and verified whole either way: its files are checked
+    against each other (config.json records their hashes) and a released entry's against the release index."""
     # deferred: imports torch
     from zoo.storage.checkpoint import read_checkpoint
 
-    verified = locate(validate_repo_id(args.repo), revision=args.revision, endpoint=args.endpoint)
-    ckpt = read_checkpoint(verified)
-    print(f"{args.repo}@{args.revision or 'main'} → {verified.folder}  ({ckpt.entry.name}, {ckpt.trust})")
+    patterns = include_patterns(args.include)  # checked, as the folder is, before anything is downloaded
+    local = local_dir(args.local_dir) if args.local_dir else None
+    where = f"{args.repo}@{args.revision or 'main'}"
+    with tempfile.TemporaryDirectory(prefix="icl-zoo-pull-") as tmp:
+        download = {"cache_dir": tmp} if local else {}
+        verified = locate(validate_repo_id(args.repo), revision=args.revision, endpoint=args.endpoint, **download)
+        ckpt = read_checkpoint(verified)
+        about = f"({ckpt.entry.name}, {ckpt.trust})"
+        if local is None and patterns is None:
+            print(f"{where} → {verified.folder}  {about}")
+            return 0
+        names = sorted(p.name for p in verified.folder.iterdir() if is_checkpoint_file(p.name))
+        chosen = [n for n in names if patterns is None or any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+        if not chosen:
+            raise ValueError(f"--include {' '.join(patterns)}: none of {args.repo}'s files match (its files: "
+                             f"{', '.join(names)})")
+        if local is None:
+            print(f"{where} → {verified.folder}: {', '.join(chosen)}  {about}")
+            return 0
+        local.mkdir(parents=True, exist_ok=True)
+        for name in chosen:  # the bytes that were hashed, where locate kept them
+            data = verified.data.get(name)
+            write_whole(local / name, data if data is not None else (verified.folder / name).read_bytes())
+    print(f"{where} → {local}: {', '.join(chosen)}  {about}")
     return 0
+
+
+MAX_PATTERNS = 64
+
+
+def include_patterns(patterns: list[str] | None) -> list[str] | None:
+    """--include as untrusted input: glob patterns (fnmatch, case-sensitive) over a checkpoint's file names, which
+    are all top-level: no '/', '\\', '..', control characters, empty or overlong patterns."""
+    if not patterns:
+        return None
+    if len(patterns) > MAX_PATTERNS:
+        raise ValueError(f"--include: {len(patterns)} patterns; at most {MAX_PATTERNS}")
+    for p in patterns:
+        if not p or len(p) > 200 or ".." in p or "/" in p or "\\" in p or any(ord(c) < 32 or ord(c) == 127 for c in p):
+            raise ValueError(f"--include {p!r}: not a file name pattern (a checkpoint's files are top-level: give a "
+                             "pattern such as '*.onnx' or config.json, without '/', '\\' or '..')")
+    return patterns
+
+
+def local_dir(text: str) -> Path:
+    """--local-dir: a folder (created if absent) that the pulled files are written into, each replaced whole."""
+    folder = Path(text).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"--local-dir {text}: not a folder")
+    return folder
+
+
+def write_whole(path: Path, data: bytes) -> None:
+    """`data` at `path` through a temporary file renamed over it: a symlink or file already there is replaced,
+    never written through, and a failed write leaves what was there."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(tmp, "xb") as f:  # created here, with the umask's mode (as a download's files are)
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def register(sub) -> None:
@@ -126,10 +200,17 @@ def register(sub) -> None:
     s.set_defaults(fn=cmd_publish_dataset)
 
     s = add_command(sub, "pull", "download a model repo through huggingface_hub and verify it",
-                    "HF_ENDPOINT=http://127.0.0.1:8090 zoo pull icl-zoo/gated-rnn-zucchet-icl")
+                    "HF_ENDPOINT=http://127.0.0.1:8090 zoo pull icl-zoo/gated-rnn-zucchet-icl --include '*.onnx' "
+                    "--local-dir graphs")
     s.add_argument("repo", help="Hub model repo ORG/NAME")
-    s.add_argument("--revision")
+    s.add_argument("--revision", help="branch, tag or commit (default: main)")
     s.add_argument("--endpoint", help="Hub endpoint (default: HF_ENDPOINT or huggingface.co)")
+    s.add_argument("--include", nargs="+", action="extend", metavar="PATTERN",
+                   help="keep only the files matching these glob patterns, e.g. '*.onnx' config.json (repeatable); "
+                        "the checkpoint is still downloaded and verified whole")
+    s.add_argument("--local-dir", metavar="DIR",
+                   help="write the files into DIR (created if absent; files of the same names replaced) instead of "
+                        "leaving them in the Hugging Face cache")
     s.set_defaults(fn=cmd_pull)
 
     s = add_command(sub, "hub", "local hub tools", "zoo hub serve --port 8090")

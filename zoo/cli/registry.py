@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from zoo.cli.output import add_command, print_json
+from zoo.science.paths import cache_dir
 
 LIST_COLUMNS = ("name", "arch", "source", "task", "reproduces")
 WIDE = 130  # columns from which `zoo list` shows the paper column beside the others
@@ -81,6 +84,8 @@ def cmd_datasets(args) -> int:
             s = load_split(name, split, spec=reg.task(name), rebuild=args.action == "build")
             rows.append({"split": s.name, "n": int(s.x.shape[0]), "sha256": s.sha256, "ok": True})
     print_json(rows)
+    # where a split is built (on first use, or rebuilt here): stderr, so that stdout stays the JSON alone
+    print(f"frozen splits in {cache_dir() / 'datasets'}", file=sys.stderr)
     return 0
 
 

@@ -3,6 +3,7 @@ every entry's checkpoint built, indexed, shipped and served."""
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -99,6 +100,7 @@ def cmd_quickstart(args) -> int:
         run(Path(args.out), steps=args.steps)
     else:
         run_release(Path(args.out))
+        print(f"wrote the demo's files (its local hub) in {Path(args.out)}/", file=sys.stderr)
     return 0
 
 

@@ -71,6 +71,8 @@ def cmd_stream(args) -> int:
         restore_state(session, args.state_in, nan=args.nan)
         stack.enter_context(signals_unwind())  # SIGTERM / SIGHUP unwind through the cleanup in write_stream
         write_stream(args, session, inputs, shape)
+    if args.output:
+        print(f"wrote {args.output}", file=sys.stderr)
     if args.state_out:
         print(f"state after {session.steps} tokens → {args.state_out} (resume with --state-in)", file=sys.stderr)
     if not args.quiet:  # what the graphs were checked against: the release, their config.json, or nothing

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -278,10 +279,13 @@ def check_port_free(port: int) -> None:
 
 
 def start_server(root: Path | None = None, port: int | None = None, *, timeout: float = 60.0,
-                 log: Path | None = None) -> tuple[subprocess.Popen, str]:
+                 log: Path | None = None, meanwhile: Callable[[], object] | None = None) -> tuple[subprocess.Popen, str]:
     """Start the hub server (`python -m zoo.publishing.hub_server`) over the local hub on 127.0.0.1; returns
     (process, endpoint) once it answers. It serves only GET/HEAD (and the read-only paths-info POST) for a
-    valid `ORG/NAME` git repo inside `root` (made absolute here), with a plain revision and file path."""
+    valid `ORG/NAME` git repo inside `root` (made absolute here), with a plain revision and file path.
+
+    `meanwhile()` (e.g. preparing the release's repos) runs while the server process starts, which listens only
+    once it has returned: the server's start (about half a second of imports) is not added to the preparation's."""
     root = (Path(root) if root else default_local_hub()).resolve()
     root.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
@@ -290,12 +294,20 @@ def start_server(root: Path | None = None, port: int | None = None, *, timeout: 
     cfg = server_config(root, port, workdir)
     log_file = open(log or workdir / "hub.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "zoo.publishing.hub_server", "--config", str(cfg), "--log-path", str(workdir / "logs")],
-        cwd=workdir, stdout=log_file, stderr=subprocess.STDOUT,
+        [sys.executable, "-m", "zoo.publishing.hub_server", "--config", str(cfg), "--log-path", str(workdir / "logs"),
+         *(["--hold"] if meanwhile else [])],
+        cwd=workdir, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.PIPE if meanwhile else None,
     )
     proc.workdir = workdir  # removed by stop_server
     endpoint = f"http://127.0.0.1:{port}"
     try:
+        if meanwhile:
+            meanwhile()
+            try:
+                proc.stdin.write(b"serve\n")
+                proc.stdin.close()
+            except BrokenPipeError:  # it exited while starting: _wait_until_up says how, from its log
+                pass
         return _wait_until_up(proc, endpoint, log_file, timeout)
     except BaseException:  # Ctrl-C / SIGTERM while starting: the server and its temp folder go too
         stop_server(proc)
@@ -315,7 +327,7 @@ def _wait_until_up(proc, endpoint: str, log_file, timeout: float):
         except urllib.error.HTTPError:
             return proc, endpoint  # it answered (404 for the unknown repo): up
         except OSError:
-            time.sleep(0.2)
+            time.sleep(0.02)  # it listens within a few ms of its imports: a coarse poll would add to every start
     raise HubError(f"the hub server did not answer on {endpoint} within {timeout:.0f}s")
 
 

@@ -1,13 +1,18 @@
 """Prepare a local hub for `zoo hub serve` once per release, and reuse it while the release is unchanged.
 
 Preparing publishes every released folder as model repo `icl-zoo/<entry>` and each task's frozen
-splits as dataset repo `icl-zoo/<task>` (zoo.publishing.hub.publish_local), each tagged with the release
-version, with a progress bar; then it writes `<hub>/.icl-zoo-release.json`: the key it was
-prepared for, the version and the repos' commits (the server lists them as the release's
-Collection). The key is a SHA-256 of the release's index.json, the set of tasks, and the sources
-that make the dataset repos (task definitions, generators and the dataset card): when it matches and
-the repos are there, nothing is done and nothing heavy (torch, datasets) is imported, so the
+splits as dataset repo `icl-zoo/<task>`, each tagged with the release version, with a progress bar; then it
+writes `<hub>/.icl-zoo-release.json`: the key it was prepared for, the version and the repos' commits (the
+server lists them as the release's Collection). The key is a SHA-256 of the release's index.json, the set of
+tasks, and the sources that make the dataset repos (task definitions, generators and the dataset card): when it
+matches and the repos are there, nothing is done and nothing heavy (torch, datasets) is imported, so the
 endpoint answers about a second after launch.
+
+An empty hub dir is prepared in about a second when the dataset repos are in the cache (below): the model repos
+are written from the shipped release's bytes, checked against its index, as git objects in-process
+(zoo.publishing.hub_git: no git processes), and the dataset repos' files come from the cache, checked against
+the hashes the release pins. Without that cache the frozen splits are loaded (or generated from their seeds)
+through torch, which takes seconds (reports/engineering/hub-start.md has the figures).
 """
 
 from __future__ import annotations
@@ -15,17 +20,24 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import shutil
+import stat
 import sys
 import time
 from pathlib import Path
 
+from zoo.publishing.hub_git import remove_staged, write_new_repo
 from zoo.publishing.hub_server import RELEASE_MARKER
-from zoo.storage.locate import INDEX_JSON, ORG, read_index, release_dir
+from zoo.science.paths import cache_dir, safe_name
+from zoo.storage.locate import INDEX_JSON, ORG, read_index, release_dir, verify_folder
 from zoo.version import __version__
 
 PACKAGE = Path(__file__).parents[1]  # the package folder, zoo/
-# What decides a dataset repo's bytes besides the task's name: its definition, its generator, its card.
-DATASET_SOURCES = ("science/entries/*.toml", "science/tasks/*.py", "publishing/hub.py", "publishing/leaderboard.py", "science/paths.py")
+# What decides a dataset repo's bytes besides the task's name: its definition, its generator, its card (whose
+# leaderboard link is leaderboard_url's, from storage/card.py's REPO_URL).
+DATASET_SOURCES = ("science/entries/*.toml", "science/tasks/*.py", "publishing/hub.py", "publishing/leaderboard.py",
+                   "science/paths.py", "storage/card.py")
 
 
 def _sha256(path: Path) -> str:
@@ -52,8 +64,7 @@ def release_key(root: Path | None = None, *, datasets: bool = True) -> tuple[str
            "index": _sha256(index_file) if index_file.is_file() else None, "datasets": datasets}
     if datasets:
         doc["tasks"] = release_tasks(root, index)
-        doc["sources"] = {str(p.relative_to(PACKAGE)): _sha256(p)
-                          for pattern in DATASET_SOURCES for p in sorted(PACKAGE.glob(pattern))}
+        doc["sources"] = dataset_sources()
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest(), index
 
 
@@ -78,7 +89,8 @@ def prepare(hub_root: Path, root: Path | None = None, *, datasets: bool = True, 
     """Make the local hub at `hub_root` serve the release in `root` (default: the shipped one).
 
     Returns the marker: {"key", "version", "org", "models": {name: commit}, "datasets": {task: commit},
-    "prepared_at", "reused"}. Reused (fast) when the release is the one last prepared."""
+    "prepared_at", "reused"}, and when prepared now "datasets_from_cache": the tasks whose dataset repo came from
+    the cache. Reused (fast) when the release is the one last prepared."""
     hub_root, root = Path(hub_root), Path(root or release_dir())
     key, index = release_key(root, datasets=datasets)
     if is_prepared(hub_root, key):
@@ -87,40 +99,289 @@ def prepare(hub_root: Path, root: Path | None = None, *, datasets: bool = True, 
 
 
 def _prepare(hub_root: Path, root: Path, index: dict, key: str, *, datasets: bool, progress: bool) -> dict:
-    import tempfile
-
     from tqdm.auto import tqdm
 
     hub_root.mkdir(parents=True, exist_ok=True)
     (hub_root / RELEASE_MARKER).unlink(missing_ok=True)  # an interrupted preparation is never taken as done
+    for kind in ("models", "datasets"):
+        remove_staged(hub_root / kind / ORG)  # what an interrupted preparation left staged
     version, names = index["version"], sorted(index["entries"])
     tasks = release_tasks(root, index) if datasets else []
     if progress:
         print(f"preparing the local hub {hub_root} for release {version} (once per release): "
               f"{len(names)} model repos, {len(tasks)} dataset repos", file=sys.stderr, flush=True)
-    from zoo.publishing.hub import dataset_folder, publish_local, tag_local
-    from zoo.storage.locate import verify_folder
-
     marker = {"key": key, "version": version, "org": ORG, "models": {}, "datasets": {}}
     message = f"icl-zoo release {version}"
+    pins: dict[str, list] = {}  # task -> the splits each released config.json pins
+    from_cache = []
     with tqdm(total=len(names) + len(tasks), unit="repo", disable=not progress, file=sys.stderr,
               desc="preparing") as bar:
         for name in names:
             bar.set_postfix_str(name)
-            verify_folder(root / name, index["entries"][name])
-            marker["models"][name] = publish_local(root / name, f"{ORG}/{name}", root=hub_root, message=message)
-            tag_local(hub_root, f"{ORG}/{name}", version)
+            files = released_files(root / name, index["entries"][name])  # read once, checked against the index
+            config = json.loads(files["config.json"])
+            pins.setdefault(config["entry"]["task"], []).append(pinned_splits(config.get("task")))
+            marker["models"][name] = commit(hub_root, f"{ORG}/{name}", "model", files, message, version)
             bar.update()
+        sources = dataset_sources() if tasks else {}
         for task in tasks:
             bar.set_postfix_str(task)
-            with tempfile.TemporaryDirectory() as tmp:
-                folder, _ = dataset_folder(task, Path(tmp) / task)
-                marker["datasets"][task] = publish_local(folder, f"{ORG}/{task}", repo_type="dataset",
-                                                         root=hub_root, message=message)
-            tag_local(hub_root, f"{ORG}/{task}", version, repo_type="dataset")
+            key_of_task, pinned = dataset_key(task, sources), agreed(pins.get(task))
+            files = cached_dataset(task, key_of_task, pinned)
+            if files is None:
+                files = build_dataset(task)
+                store_dataset(task, key_of_task, files, pinned)
+            else:
+                from_cache.append(task)
+            marker["datasets"][task] = commit(hub_root, f"{ORG}/{task}", "dataset", files, message, version)
             bar.update()
     marker["prepared_at"] = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())
     tmp = hub_root / f"{RELEASE_MARKER}.tmp"
     tmp.write_text(json.dumps(marker, indent=1, sort_keys=True))
     os.replace(tmp, hub_root / RELEASE_MARKER)
-    return marker
+    return {**marker, "datasets_from_cache": from_cache}
+
+
+def agreed(pins: list | None) -> dict | None:
+    """The splits every released entry of a task pins, when they all pin the same (else None: nothing to check
+    a cached dataset repo against, so it is rebuilt)."""
+    return pins[0] if pins and all(p == pins[0] for p in pins) else None
+
+
+def released_files(folder: Path, row: dict) -> dict[str, bytes]:
+    """A released entry's files, each read once and checked against its index row (the trust root), as bytes."""
+    reader = verify_folder(folder, row)
+    names = [*row["files"], *([".gitattributes"] if (folder / ".gitattributes").is_file() else [])]
+    return {n: reader.read(n) for n in names}
+
+
+def commit(hub_root: Path, repo_id: str, repo_type: str, files: dict[str, bytes], message: str, version: str) -> str:
+    """`files` as the release's commit of `repo_id`, tagged `version`; returns the commit's sha. A repo that does
+    not exist yet is written directly (zoo.publishing.hub_git); one an earlier release prepared gets a new commit
+    on its history through git, as `zoo publish` makes one."""
+    import tempfile
+
+    from zoo.publishing.hub import local_repo_path, publish_local, tag_local
+
+    repo = local_repo_path(hub_root, repo_id, repo_type)
+    if not os.path.lexists(repo):
+        return write_new_repo(repo, files, message=message, tag=version)
+    with tempfile.TemporaryDirectory() as tmp:
+        for rel, data in files.items():
+            (Path(tmp) / rel).parent.mkdir(parents=True, exist_ok=True)
+            (Path(tmp) / rel).write_bytes(data)
+        sha = publish_local(Path(tmp), repo_id, repo_type=repo_type, root=hub_root, message=message)
+    tag_local(hub_root, repo_id, version, repo_type=repo_type)
+    return sha
+
+
+def build_dataset(task: str) -> dict[str, bytes]:
+    """A task's dataset repo files, made from its frozen splits (zoo.publishing.hub.dataset_folder: torch)."""
+    import tempfile
+
+    from zoo.publishing.hub import dataset_folder, publishable_files
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder, _ = dataset_folder(task, Path(tmp) / task)
+        return {rel.as_posix(): p.read_bytes() for p, rel in publishable_files(folder)}
+
+
+# ---------------------------------------------------------------- the dataset repos' cache
+# A dataset repo needs torch (the registry, the frozen splits' generators) and seconds of work; its files are
+# kept in `<cache>/hub-datasets/<task>/<key>/`, keyed by what makes them, so that preparing an empty hub dir
+# again (a new --dir, a removed hub) takes them from there. The cache is untrusted input: an entry is used
+# only when it holds exactly the expected regular files (no symlink followed, each size-capped), every split's
+# parquet reads as `datasets` reads it (split_identity) to the content hash and task count that the release
+# pins (config.json's task, itself hash-checked against release/index.json), hashes.json records exactly those,
+# and the card quotes those hashes and no others. The card's prose is not checked beyond that: nothing pins it
+# without rendering it, which needs torch. Entries are written whole (zoo.storage.atomic.replace_folder), and a
+# task's entries of other keys are removed.
+DATASET_CACHE = "hub-datasets"
+MAX_CACHED_FILE = 1 << 30  # bytes of one cached file read into memory (a 10,000-task split is a few MB)
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def dataset_sources() -> dict[str, str]:
+    return {str(p.relative_to(PACKAGE)): _sha256(p) for pattern in DATASET_SOURCES for p in sorted(PACKAGE.glob(pattern))}
+
+
+def dataset_key(task: str, sources: dict[str, str]) -> str:
+    """What a task's dataset repo is made from: the task, the zoo's version (the card's revision) and the sources."""
+    doc = {"format": 1, "zoo": __version__, "task": task, "sources": sources}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def pinned_splits(task: dict | None) -> dict | None:
+    """{split: {"sha256", "n", "seed"}} as a released config.json's task records them; None when it does not."""
+    try:
+        pinned = {str(s): {"sha256": v["sha256"], "n": v["n"], "seed": v["seed"]} for s, v in task["splits"].items()}
+    except (KeyError, TypeError, AttributeError):
+        return None
+    ok = all(isinstance(p["sha256"], str) and SHA256.match(p["sha256"]) and type(p["n"]) is int
+             and type(p["seed"]) is int and safe_split(s) for s, p in pinned.items())
+    return pinned if ok and pinned else None
+
+
+def safe_split(name: str) -> bool:
+    return re.fullmatch(r"[a-z][a-z0-9_]{0,31}", name) is not None
+
+
+def cache_folder(task: str, key: str) -> Path:
+    return cache_dir() / DATASET_CACHE / safe_name(task) / key
+
+
+def dataset_paths(pinned: dict) -> set[str]:
+    return {"README.md", "hashes.json", *(f"data/{s}-00000-of-00001.parquet" for s in pinned)}
+
+
+def cached_dataset(task: str, key: str, pinned: dict | None) -> dict[str, bytes] | None:
+    """The cached files of `task`'s dataset repo, checked (see above); None when there is no usable entry
+    (a refused one is said in one line on stderr, then rebuilt)."""
+    if pinned is None:
+        return None
+    folder = cache_folder(task, key)
+    if not os.path.lexists(folder):
+        return None
+    try:
+        files = read_tree(folder, dataset_paths(pinned))
+        check_dataset(task, files, pinned)
+    except Exception as e:  # anything a hostile entry makes the parsers raise (pyarrow has its own types): rebuild
+        print(f"warning: the cached dataset repo {folder} is not used ({str(e)[:300]}); rebuilding it",
+              file=sys.stderr, flush=True)
+        return None
+    return files
+
+
+def read_tree(folder: Path, expected: set[str]) -> dict[str, bytes]:
+    """Exactly the files `expected` ("a/b" paths) of `folder`, read without following any symlink, each
+    capped at MAX_CACHED_FILE; anything else there (a symlink, a FIFO, another file) refuses the folder."""
+    base = cache_dir() / DATASET_CACHE
+    parts = folder.relative_to(base).parts
+    for p in (base.joinpath(*parts[:i]) for i in range(len(parts) + 1)):  # the cache's folders down to the entry
+        if p.is_symlink():
+            raise ValueError(f"{p} is a symbolic link")
+    found: dict[str, bytes] = {}
+
+    def walk(d: Path, prefix: str) -> None:
+        with os.scandir(d) as entries:
+            for e in entries:
+                rel = prefix + e.name
+                if e.is_symlink():
+                    raise ValueError(f"{rel} is a symbolic link")
+                if e.is_dir(follow_symlinks=False):
+                    walk(Path(e.path), rel + "/")
+                elif e.is_file(follow_symlinks=False) and rel in expected:
+                    found[rel] = read_capped(Path(e.path))
+                else:
+                    raise ValueError(f"{rel} is not one of the files a dataset repo holds")
+
+    walk(folder, "")
+    missing = sorted(expected - set(found))
+    if missing:
+        raise ValueError(f"{missing[0]} is missing")
+    return found
+
+
+def read_capped(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))  # a FIFO swapped in never blocks
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError(f"{path.name} is not a regular file")
+        data = f.read(MAX_CACHED_FILE + 1)
+    if len(data) > MAX_CACHED_FILE:
+        raise ValueError(f"{path.name} is larger than {MAX_CACHED_FILE} bytes")
+    return data
+
+
+def check_dataset(task: str, files: dict[str, bytes], pinned: dict) -> None:
+    """ValueError unless `files` are a dataset repo of `task` whose data is what `pinned` says (see above)."""
+    for split, pin in pinned.items():
+        n, sha = split_identity(files[f"data/{split}-00000-of-00001.parquet"])
+        if (n, sha) != (pin["n"], pin["sha256"]):
+            raise ValueError(f"data/{split}: content hash {sha} over {n} tasks; the release pins {pin['sha256']} "
+                             f"over {pin['n']}")
+    if json.loads(files["hashes.json"]) != {"task": task, "splits": pinned}:
+        raise ValueError("hashes.json does not record the hashes the release pins")
+    quoted = set(re.findall(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])", files["README.md"].decode("utf-8")))
+    if quoted != {p["sha256"] for p in pinned.values()}:
+        raise ValueError("the card does not quote exactly the hashes the release pins")
+
+
+def split_identity(parquet: bytes) -> tuple[int, str]:
+    """(tasks, content hash) of a frozen split's parquet, checked to read as `datasets` reads it: exactly the
+    columns x and y, each a float32 Array2D of one shape (every row and every inner list of the same length,
+    no nulls) as its `huggingface` schema metadata declares, and nothing else in that metadata. The torch-free
+    twin of zoo.science.tasks.frozen's read_parquet_arrays and content_hash (that module imports torch):
+    sha256(b"icl-zoo/frozen/v1" ‖ for x, y: shape as little-endian int64s ‖ C-order little-endian float32)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    file = pq.ParquetFile(pa.BufferReader(parquet))
+    if file.schema_arrow.names != ["x", "y"]:
+        raise ValueError(f"columns {file.schema_arrow.names}, not x and y")
+    table = file.read(use_threads=False)
+    h = hashlib.sha256(b"icl-zoo/frozen/v1")
+    n, features = table.num_rows, {}
+    for name in ("x", "y"):
+        column = table.column(name).combine_chunks()
+        if isinstance(column.type, pa.ExtensionType):  # datasets' Array2D, where datasets is imported
+            column = column.storage
+        if not (pa.types.is_list(column.type) and pa.types.is_list(column.type.value_type)
+                and column.type.value_type.value_type == pa.float32()):
+            raise ValueError(f"column {name} is {column.type}, not the float32 Array2D of a frozen split")
+        inner = column.flatten()
+        values = inner.flatten()
+        rows = len(inner) // n if n else 0
+        cols = len(values) // len(inner) if len(inner) else 0
+        for lists, size in ((column, rows), (inner, cols)):  # a ragged row would read otherwise than it hashes
+            lengths = np.diff(_numpy(lists.offsets, "<i4"))
+            if lists.null_count or (lengths != size).any():
+                raise ValueError(f"column {name} is not {rows} × {cols} in every row")
+        if values.null_count:
+            raise ValueError(f"column {name} has nulls")
+        a = _numpy(values, "<f4").reshape(n, rows, cols)
+        h.update(np.asarray(a.shape, dtype="<i8").tobytes())
+        h.update(np.ascontiguousarray(a, dtype="<f4"))
+        features[name] = {"shape": [rows, cols], "dtype": "float32", "_type": "Array2D"}
+    metadata = file.schema_arrow.metadata or {}
+    if set(metadata) != {b"huggingface"} or json.loads(metadata[b"huggingface"]) != {"info": {"features": features}}:
+        raise ValueError("its schema metadata does not declare exactly its two float32 Array2D features")
+    return n, h.hexdigest()
+
+
+def _numpy(array, dtype: str):
+    """A null-free primitive Arrow array's values, without a copy. Not `Array.to_numpy`, whose first call imports
+    pandas (0.5 s of a cold start's budget)."""
+    import numpy as np
+
+    return np.frombuffer(array.buffers()[1], dtype=dtype, count=len(array), offset=array.offset * np.dtype(dtype).itemsize)
+
+
+def store_dataset(task: str, key: str, files: dict[str, bytes], pinned: dict | None) -> None:
+    """Keep a dataset repo's files in the cache for the next empty hub dir (written whole, the task's older
+    keys removed); only when they record the hashes the release pins (else the next check would refuse them).
+    A cache that cannot be written (read-only, full) is said in one line; the preparation goes on."""
+    from zoo.storage.atomic import replace_folder
+
+    try:
+        if pinned is None or json.loads(files["hashes.json"]) != {"task": task, "splits": pinned}:
+            return
+        folder = cache_folder(task, key)
+        base = cache_dir() / DATASET_CACHE
+        if any(p.is_symlink() for p in (base, base / task)):
+            raise OSError(f"{base / task} is a symbolic link; not writing through it")
+        if folder.is_symlink() or folder.is_file():  # replaced, never written through (replace_folder follows links)
+            folder.unlink()
+
+        def write(staged: Path) -> None:
+            for rel, data in files.items():
+                (staged / rel).parent.mkdir(parents=True, exist_ok=True)
+                (staged / rel).write_bytes(data)
+
+        replace_folder(folder, write, keep=lambda name: False)
+        for old in folder.parent.iterdir():  # one entry a task: the key that made the release just prepared
+            if old.name != key and SHA256.match(old.name) and old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old, ignore_errors=True)
+    except OSError as e:
+        print(f"warning: could not keep the dataset repo of {task} in the cache ({e})", file=sys.stderr, flush=True)

@@ -54,6 +54,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, unquote
@@ -79,6 +80,7 @@ FRONT_MATTER = re.compile(r"\A\s*---\r?\n(.*?)\r?\n---[ \t]*(\r?\n|\Z)", re.DOTA
 MAX_FRONT_MATTER = 256 << 10  # a card's YAML (the release's are ~1 KiB); past it, the card has no metadata here
 MAX_YAML_DEPTH = 32  # nested mappings/lists in a card's YAML (the Hub's model-index: 5)
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")  # what a hash sidecar must hold, exactly, to be trusted
+LIST_WORKERS = 4  # repos described at once for a listing (git processes, mostly waiting on each other)
 MEMO_ENTRIES = 1024  # what a commit determines (tree, history, info, hashes), least recently used dropped first
 LOOPBACK_HOST = re.compile(r"(localhost|127\.0\.0\.1|\[::1\])(:[0-9]{1,5})?", re.IGNORECASE)  # fullmatch
 
@@ -429,6 +431,21 @@ class Hub:
     def info(self, repo_type: str, repo_id: str, repo: Path, commit: str) -> dict:
         """Everything `model_info` / `dataset_info` may return for this commit (`select` picks from it)."""
         def compute():
+            info = dict(self.summary(repo_type, repo_id, repo, commit))
+            if repo_type == "models":
+                tree = self.tree(repo, commit)
+                files = sorted((e for e in tree.values() if e.type == "file"), key=lambda e: e.path)
+                config = json_file(self.small_file(repo, tree.get("config.json")))
+                params = self.parameters(repo, [e for e in files if e.path.endswith(".safetensors")])
+                info.update({"config": config,
+                             "safetensors": {"parameters": params, "total": sum(params.values())} if params else None})
+            return info
+        return self.memo(("info", repo_type, repo, commit), compute)
+
+    def summary(self, repo_type: str, repo_id: str, repo: Path, commit: str) -> dict:
+        """`info` without what only model_info shows (config.json, the safetensors' parameter counts): what a
+        listing shows by default, read with two git processes fewer a repo."""
+        def compute():
             tree = self.tree(repo, commit)
             files = sorted((e for e in tree.values() if e.type == "file"), key=lambda e: e.path)
             history = self.history(repo, commit)
@@ -443,19 +460,15 @@ class Hub:
                 "usedStorage": sum(e.size for e in files),
             }
             if repo_type == "models":
-                config = json_file(self.small_file(repo, tree.get("config.json")))
-                params = self.parameters(repo, [e for e in files if e.path.endswith(".safetensors")])
                 info.update({
                     "modelId": repo_id, "library_name": card.get("library_name"),
-                    "pipeline_tag": card.get("pipeline_tag"), "model-index": card.get("model-index"),
-                    "config": config, "spaces": [],
-                    "safetensors": {"parameters": params, "total": sum(params.values())} if params else None,
+                    "pipeline_tag": card.get("pipeline_tag"), "model-index": card.get("model-index"), "spaces": [],
                 })
             else:
                 info.update({"key": "", "description": None, "citation": None, "mainSize": info["usedStorage"]})
             info["tags"] = derived_tags(repo_type, card, [e.path for e in files])
             return info
-        return self.memo(("info", repo_type, repo, commit), compute)
+        return self.memo(("summary", repo_type, repo, commit), compute)
 
     def parameters(self, repo: Path, files: list[Entry]) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -647,16 +660,25 @@ def handle_list(hub: Hub, route: Route, params):
     author, search = params.get("author"), (params.get("search") or "").lower()
     filters = params.getlist("filter")
     pipeline_tag = params.get("pipeline_tag")
-    rows = []
-    for repo_id, repo in hub.repos(route.repo_type):
-        if author and repo_id.split("/")[0].lower() != author.lower() or search not in repo_id.lower():
-            continue
+    expand = _expand(params)
+    heavy = _flag(params, "config") or any(k in ("config", "safetensors") for k in expand)
+    describe = hub.info if heavy else hub.summary  # the other fields need no config.json or safetensors header
+
+    def info(item):
+        repo_id, repo = item
         try:
-            info = hub.info(route.repo_type, repo_id, repo, hub.resolve(repo, None))
+            return describe(route.repo_type, repo_id, repo, hub.resolve(repo, None))
         except (Refused, RuntimeError):
-            continue  # no main branch (or a broken repo): not listed
-        if all(f in info["tags"] for f in filters) and (not pipeline_tag or info.get("pipeline_tag") == pipeline_tag):
-            rows.append(info)
+            return None  # no main branch (or a broken repo): not listed
+
+    candidates = [(repo_id, repo) for repo_id, repo in hub.repos(route.repo_type)
+                  if not (author and repo_id.split("/")[0].lower() != author.lower() or search not in repo_id.lower())]
+    # Describing a repo the first time takes a few git processes; a release's ~70 repos listed at once are what
+    # a fresh server's first answer waits for, so they are described side by side (the memo is thread-safe).
+    with ThreadPoolExecutor(LIST_WORKERS) as pool:
+        infos = list(pool.map(info, candidates))
+    rows = [i for i in infos if i is not None and all(f in i["tags"] for f in filters)
+            and (not pipeline_tag or i.get("pipeline_tag") == pipeline_tag)]
     sort = params.get("sort")
     if sort in ("lastModified", "createdAt", "id", "downloads", "likes", "trendingScore"):
         rows.sort(key=lambda r: r.get(sort) or 0, reverse=params.get("direction", "-1") == "-1")
@@ -667,7 +689,7 @@ def handle_list(hub: Hub, route: Route, params):
     if _flag(params, "full"):
         extra += ["siblings", "cardData", "usedStorage"]
     base = LIST_DEFAULT + tuple(extra)
-    return [select(r, _expand(params), base) for r in rows]
+    return [select(r, expand, base) for r in rows]
 
 
 def handle_info(hub: Hub, route: Route, repo: Path, params):
@@ -860,6 +882,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int)
     p.add_argument("--log-path", help="(accepted for compatibility; logs go to stdout/stderr)")
+    p.add_argument("--hold", action="store_true",
+                   help="load everything, then wait for a line 'serve' on stdin before listening (the caller prepares "
+                        "the repos meanwhile; end of input: exit without serving)")
     args = p.parse_args(argv)
     root, host, port = args.root, args.host, args.port
     if args.config:
@@ -870,12 +895,16 @@ def main(argv: list[str] | None = None) -> None:
         root, host, port = root or mirrors[0], basic.get("host", host), port or basic.get("port")
     if not root or not port:
         raise SystemExit("give --root and --port, or --config")
+    import uvicorn
+
+    # what the first request would import otherwise (App.__call__ defers them for the module's importers)
+    from starlette import concurrency, datastructures, responses  # noqa: F401
+
+    if args.hold and sys.stdin.readline().strip() != "serve":  # the caller gave up (or failed) preparing
+        return
     root = Path(root).resolve()
     if not root.is_dir():
         raise SystemExit(f"no such folder: {root}")
-
-    import uvicorn
-
     uvicorn.run(App(root), host=host, port=int(port), log_level="info", lifespan="off")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import sys
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -22,11 +23,21 @@ from zoo.storage.save import not_zoo_file, save_checkpoint
 TRAIN_DIR = ".train"  # resumable training state inside the output folder; never published
 
 
-def save(ckpt: Checkpoint, out: str | Path, *, keep=not_zoo_file, graphs: bool = True) -> Path:
+def save(ckpt: Checkpoint, out: str | Path, *, keep=not_zoo_file, graphs: bool = True, phase=None) -> Path:
     """The checkpoint's whole Hub repo folder, saved by the storage floor (`zoo.storage.save.save_checkpoint`)
     with the exporter's ONNX graphs (unless `graphs=False`) and the card rendered from the saved files, all in
-    one staged folder swapped in whole. `zoo build`, `zoo export` and the release save this way."""
-    return save_checkpoint(ckpt, out, keep=keep, graphs=onnx_export.export_checkpoint_graphs if graphs else None)
+    one staged folder swapped in whole. `zoo build`, `zoo export` and the release save this way. `phase(text)`:
+    told each step as it starts."""
+    return save_checkpoint(ckpt, out, keep=keep, graphs=onnx_export.export_checkpoint_graphs if graphs else None,
+                           phase=phase)
+
+
+def phases(progress: bool):
+    """What `build` says as each step after training starts (seconds each: the evaluation, the graphs' export,
+    the card's figures), on stderr beside the training bar: the CLI's stdout stays its result (`--json`)."""
+    if not progress:
+        return lambda text: None
+    return lambda text: print(f"  {text}…", file=sys.stderr, flush=True)
 
 
 def _prepare(name: str | Entry, overrides: dict | None):
@@ -76,6 +87,8 @@ def build(
 
 def _build(name, out, *, steps, device, seed, overrides, progress, compiled, model, track_alignment, force,
            graphs) -> Checkpoint:
+    say = phases(progress)
+    say("loading the frozen validation and test splits (built from their seeds on first use)")
     entry, spec, task, validation, test, hashes = _prepare(name, overrides)
     construction, history = None, []
     trained = entry.source.kind == "trained"
@@ -85,6 +98,7 @@ def _build(name, out, *, steps, device, seed, overrides, progress, compiled, mod
     keep = (lambda n: trained and n == TRAIN_DIR) if replacing else not_zoo_file
 
     if not trained:
+        say(f"constructing the weights ({entry.source.construction})")
         model = create_model(entry.arch, task)
         construction = construct(entry, model, task, validation.batch(task, dtype=torch.float64))
         prov = provenance(seed=None, steps=None, device="cpu", dataset_hashes=hashes)
@@ -108,7 +122,8 @@ def _build(name, out, *, steps, device, seed, overrides, progress, compiled, mod
         if compiled:
             prov["compiled"] = True
 
-    return _evaluate_and_save(entry, spec, model, prov, construction, history, out, validation, test, keep, graphs)
+    return _evaluate_and_save(entry, spec, model, prov, construction, history, out, validation, test, keep, graphs,
+                              phase=say)
 
 
 def _alignment_probe(entry, task, construction, validation):
@@ -261,8 +276,10 @@ def _records(path: Path, identity: dict) -> bool:
 
 
 def _evaluate_and_save(entry, spec, model, prov, construction, history, out, validation, test,
-                       keep=not_zoo_file, graphs: bool = True) -> Checkpoint:
+                       keep=not_zoo_file, graphs: bool = True, phase=None) -> Checkpoint:
+    say = phase or (lambda text: None)
     task = spec.build()
+    say(f"evaluating on the frozen test split ({len(test.x):,} tasks) beside the GD reference")
     reference = gd_reference(entry, task, construction, validation.batch(task, dtype=torch.float64))
     metrics = evaluate(model, task, test.batch(task), **reference)
     _warn_if_diverged(entry, metrics)
@@ -271,7 +288,7 @@ def _evaluate_and_save(entry, spec, model, prov, construction, history, out, val
     ckpt = Checkpoint(model=model, entry=entry, task_spec=spec, provenance=prov,
                       construction=construction, metrics=metrics, history=history)
     if out is not None:
-        save(ckpt, out, keep=keep, graphs=graphs)  # graphs and card, swapped in whole
+        save(ckpt, out, keep=keep, graphs=graphs, phase=say)  # graphs and card, swapped in whole
     return ckpt
 
 
@@ -372,6 +389,6 @@ def _build_ensemble(name, seeds, outs, *, run_dir, steps, device, overrides, pro
         if compiled:
             prov["compiled"] = True
         ckpts.append(_evaluate_and_save(entry, spec, model.cpu(), prov, construction, history, out, validation, test,
-                                        keep, graphs))
+                                        keep, graphs, phase=phases(progress)))
     return ckpts
 

@@ -84,11 +84,42 @@ def resolve_folder(repo_id: str, *, revision: str | None = None, endpoint: str |
 
 def repo_files(repo_id: str, *, revision: str | None = None, endpoint: str | None = None, token=None) -> list[str]:
     """The paths of every file in Hub model repo `repo_id` at `revision`, read from the hub's file list
-    (model_info's siblings): nothing is downloaded."""
+    (model_info's siblings): nothing is downloaded. A revision the repo does not have is a HubError naming the
+    revisions it has (`no_such_revision`)."""
     from huggingface_hub import HfApi
+    from huggingface_hub.errors import RevisionNotFoundError
 
-    info = HfApi(endpoint=endpoint, token=token).model_info(validate_repo_id(repo_id), revision=revision)
+    api = HfApi(endpoint=endpoint, token=token)
+    try:
+        info = api.model_info(validate_repo_id(repo_id), revision=revision)
+    except RevisionNotFoundError:
+        raise no_such_revision(api, repo_id, revision) from None
     return [s.rfilename for s in info.siblings or []]
+
+
+MAX_REFS_SHOWN = 8  # branches (and as many tags) named in one error line
+
+
+def no_such_revision(api, repo_id: str, revision: str | None) -> HubError:
+    """The one-line error for a revision `repo_id` does not have: its branches and tags (list_repo_refs), and those
+    close to `revision` as a suggestion; the repo itself exists, so no other repo is suggested. The names come from
+    the hub: each is shown on one line, at most 100 characters."""
+    where = f"{repo_id} on {api.endpoint}"
+    try:
+        refs = api.list_repo_refs(repo_id)
+        branches, tags = (sorted(" ".join(str(r.name).split())[:100] for r in kind) for kind in (refs.branches, refs.tags))
+    except Exception as e:  # the refs could not be listed (a hub without the route, the network): say so, in one line
+        return HubError(f"{where} has no revision {revision!r} (its branches and tags could not be listed: "
+                        f"{type(e).__name__})")
+
+    def shown(names: list[str]) -> str:
+        if not names:
+            return "none"
+        return ", ".join(names[:MAX_REFS_SHOWN]) + (f" and {len(names) - MAX_REFS_SHOWN} more" if len(names) > MAX_REFS_SHOWN else "")
+
+    near = difflib.get_close_matches(str(revision), branches + tags, n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(near)}?" if near else ""
+    return HubError(f"{where} has no revision {revision!r}; its branches: {shown(branches)}; its tags: {shown(tags)}{hint}")
 
 
 def is_checkpoint_file(path: str) -> bool:

@@ -31,18 +31,22 @@ def not_zoo_file(name: str) -> bool:
 
 
 def save_checkpoint(ckpt, folder: Path, *, graphs: GraphWriter | None, keep: Callable[[str], bool] = not_zoo_file,
-                    card: bool = True) -> Path:
+                    card: bool = True, phase: Callable[[str], None] | None = None) -> Path:
     """Write the checkpoint's whole Hub repo folder: its own files, `graphs(ckpt, folder)` when given (None:
     no ONNX graph, as `zoo build --no-graphs`; `zoo export FOLDER` adds them later), every file's SHA-256 in
     config.json, then the card rendered from those files (`card=False`: none).
 
     Written into a hidden sibling and swapped in whole: of the previous folder, the entries `keep(name)`
     accepts and the new save did not write are copied over (by default everything but the zoo's own files);
-    `keep=lambda name: False` replaces the folder entirely."""
+    `keep=lambda name: False` replaces the folder entirely. `phase(text)`, when given, is told each step as it
+    starts (the graphs' export and the card's figures take seconds: `zoo build` says so)."""
+    say = phase or (lambda text: None)
 
     def write(staged: Path) -> None:
+        say("saving the weights and exporting the ONNX graphs" if graphs is not None else "saving the weights")
         ckpt.save_files(staged, graphs=graphs)
         if card:
+            say("writing the card and its figures")
             write_card_and_figures(ckpt, staged)
 
     replace_folder(folder, write, keep=keep)
