@@ -42,9 +42,14 @@ def cmd_refresh(args) -> int:
     from zoo.publishing import release
     from zoo.publishing.leaderboard import write_leaderboards
 
+    from zoo.publishing.report import write_release_summary
+
     root = release_root(args)
     index = release.refresh_release(root, only=args.only, graphs=args.graphs)
     print(f"re-rendered cards and index of {len(index['entries'])} released entries in {root}")
+    readme = Path(root).resolve().parent / "reports" / "README.md"  # in a checkout: the reports' generated counts
+    if readme.is_file() and write_release_summary(readme, index):
+        print(f"rewrote the release's counts in {readme}")
     if args.leaderboards:
         written = write_leaderboards(root)
         print(f"wrote {len(written)} leaderboard files in {root / 'leaderboards'}")
