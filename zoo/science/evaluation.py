@@ -112,6 +112,20 @@ def evaluate_loss(model, task, batch) -> dict:
     return {"test_loss": task.loss(pred, batch.targets.to(pred)).item(), "n_tasks": int(batch.tokens.shape[0])}
 
 
+def float32_rounding(model, task, batch) -> float:
+    """|loss in float32 − loss in float64| of `model`'s predictions on `batch`: how far float32 rounding alone moves
+    this model's number (what a re-score through another float32 runtime, ONNX Runtime's kernels, can differ by).
+    Most models: ~1e-7 of the loss; the LSTM ≈ LSA construction, which reads out with weights 16/ε³, ~3e-3; an
+    exact construction whose loss is itself rounding (~1e-14) moves by about the loss."""
+    losses = []
+    for dtype in (torch.float32, torch.float64):
+        model = copy.deepcopy(model).to(dtype).eval()
+        with torch.no_grad():
+            pred = torch.cat([model.predict(chunk.to(dtype)) for chunk in batch.tokens.split(TASKS_PER_PASS)])
+        losses.append(task.loss(pred.double(), batch.targets.double()).item())
+    return abs(losses[0] - losses[1])
+
+
 def gd_reference(entry, task, construction: dict | None = None, validation_batch=None,
                  recorded: dict | None = None) -> dict:
     """The GD an entry is scored against: as many steps as its construction took (GD-SSM: one
