@@ -99,6 +99,34 @@ def test_repo_ids_cannot_escape_the_local_hub(bad, tmp_path):
         hub.publish_local(tmp_path, bad, root=tmp_path / "hub")
 
 
+
+def test_import_to_hub_writes_new_repos_in_process_and_commits_again_through_git(tmp_path):
+    """`zoo quickstart`'s import: a new repo is written as git objects (no working tree, no git process), holding
+    exactly the released files; importing again into the same hub commits through git and, the content being the
+    same, makes no new revision. The served repo loads as the released checkpoint."""
+    from zoo.publishing import release
+
+    entry = "gated-rnn-student-d4"
+    index = locate.read_index()
+    root = tmp_path / "hub"
+    first = release.import_to_hub(root, only=[entry], progress=False)
+    repo = root / "models" / locate.ORG / entry
+    assert not (repo / "model.safetensors").exists()  # no working tree: written as objects
+
+    def git(*args):
+        return subprocess.run(["git", f"--git-dir={repo / '.git'}", *args], capture_output=True, text=True,
+                              check=True).stdout.split()
+
+    assert git("rev-parse", index["version"]) == [first["models"][entry]]
+    assert set(git("ls-tree", "--name-only", "main")) == set(index["entries"][entry]["files"])
+    (task,) = first["datasets"]
+    assert release.import_to_hub(root, only=[entry], progress=False) == first  # no new revision
+    assert git("rev-list", "--count", "main") == ["1"]
+    with hub.serve(root) as endpoint:
+        ckpt = zoo.load(f"{locate.ORG}/{entry}", revision=index["version"], endpoint=endpoint)
+        split = load_split_from_hub(f"{locate.ORG}/{task}", split="test", revision=index["version"], endpoint=endpoint)
+    assert "verified" in ckpt.trust and ckpt.entry.task == task and split.x.shape[0] > 0
+
 # ---------------------------------------------------------------- the real Hub, at the HTTP boundary
 from fake_hub import FakeHub  # noqa: E402
 

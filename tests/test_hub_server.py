@@ -416,6 +416,25 @@ def test_an_empty_hub_dir_takes_the_dataset_repos_from_the_cache(release_hub, da
     assert not entry.is_symlink() and hp.cached_dataset(h.task, dataset_cache.key, dataset_cache.pinned) is not None
 
 
+
+def test_a_dataset_repo_s_parquet_is_the_frozen_split_cache_s_file(release_hub, tmp_path):
+    """A split is written through `datasets` once, into the frozen-split cache: the dataset repo holds that file's
+    bytes (checked: its content hash and schema), the bytes writing the same arrays again would give."""
+    from zoo.publishing.hub_prepare import frozen_parquet
+    from zoo.science.registry import get_task_spec
+    from zoo.science.tasks.frozen import load_split, save_split
+
+    h = release_hub
+    split = load_split(h.task, "test", spec=get_task_spec(h.task))
+    cached = frozen_parquet(h.task, "test", len(split.x), split.sha256)
+    save_split(split.x, split.y, tmp_path / "again")
+    assert cached is not None and cached == (tmp_path / "again" / "data.parquet").read_bytes()
+    served = subprocess.run(["git", f"--git-dir={h.root / 'datasets' / h.dataset / '.git'}", "show",
+                             f"{h.version}:data/test-00000-of-00001.parquet"], capture_output=True, check=True).stdout
+    assert served == cached
+    assert frozen_parquet(h.task, "test", len(split.x), "0" * 64) is None  # not the pinned content: written afresh
+    assert frozen_parquet(h.task, "no_such_split", len(split.x), split.sha256) is None
+
 def _model_listing(h):
     api = h.api
     assert [m.id for m in api.list_models(author="icl-zoo")] == [ORG_ENTRY]
@@ -866,3 +885,203 @@ def test_unknown_revisions_leave_nothing_behind_and_the_memo_is_bounded(tmp_path
         h.memo(("k", i), lambda i=i: i)
     assert len(h._memo) <= bound
     assert h.memo(("k", 3 * bound - 1), lambda: None) == 3 * bound - 1  # the newest stay
+
+
+# ---------------------------------------------------------------- repos still being prepared while the server serves
+def _wait_for_log(log: Path, text: str, count: int = 1, limit: float = 120.0) -> None:
+    """Until the server's log holds `text` `count` times (a bounded poll: the test fails past `limit`, nothing
+    is timed)."""
+    import time
+
+    deadline = time.monotonic() + limit
+    while log.read_text(errors="replace").count(text) < count:
+        assert time.monotonic() < deadline, f"the server never logged {text!r}:\n{log.read_text()[-2000:]}"
+        time.sleep(0.05)
+
+
+def test_a_dataset_request_during_preparation_waits_then_succeeds(tmp_path):
+    """`zoo hub serve` answers once the model repos are there and makes the dataset repos afterwards: a request for a
+    dataset repo still being made (its info, a listing of datasets, a file) is held until it is ready, then answered
+    as usual. The repo does not exist when the requests are sent, so a server that did not wait would answer 404."""
+    import threading
+
+    from zoo.publishing.hub_git import write_new_repo
+    from zoo.publishing.hub_server import pending_key
+
+    root, log = tmp_path / "hub", tmp_path / "server.log"
+    write_new_repo(root / "models" / "icl-zoo" / "m", {"README.md": b"# m\n"}, message="m", tag="v1")
+    key = pending_key("datasets", "icl-zoo/d")
+    proc, endpoint = hub.start_server(root, log=log, meanwhile=lambda: [key])
+    api, results = HfApi(endpoint=endpoint), {}
+
+    def call(name, fn):
+        try:
+            results[name] = fn()
+        except Exception as e:  # reported by the asserts below
+            results[name] = e
+
+    calls = {"info": lambda: api.dataset_info("icl-zoo/d"),
+             "listing": lambda: [d.id for d in api.list_datasets(author="icl-zoo")],
+             "file": lambda: Path(hf_hub_download("icl-zoo/d", "data/train.csv", repo_type="dataset",
+                                                  endpoint=endpoint, cache_dir=tmp_path / "hf")).read_bytes()}
+    threads = [threading.Thread(target=call, args=item) for item in calls.items()]
+    try:
+        for t in threads:
+            t.start()
+        _wait_for_log(log, f"waiting for {key}", count=len(calls))  # all three are held by the server
+        assert [m.id for m in api.list_models(author="icl-zoo")] == ["icl-zoo/m"]  # the rest is served meanwhile
+        sha = write_new_repo(root / "datasets" / "icl-zoo" / "d", {"README.md": b"# d\n", "data/train.csv": b"a\n1\n"},
+                             message="d", tag="v1")
+        assert hub.announce(proc, "ready", key)
+        for t in threads:
+            t.join(timeout=300)
+    finally:
+        hub.stop_server(proc)
+    assert not any(isinstance(r, Exception) for r in results.values()), results
+    assert results["info"].sha == sha and results["listing"] == ["icl-zoo/d"] and results["file"] == b"a\n1\n"
+
+
+
+SERVE_MODELS_FIRST = """
+import sys, time
+from pathlib import Path
+import zoo.cli.hub as cli_hub
+from zoo.publishing import hub_prepare
+release, go = Path(sys.argv[2]), Path(sys.argv[3])
+
+class Held(hub_prepare.Preparation):  # its dataset repos wait for the test's go
+    def dataset(self, task):
+        while not go.exists():
+            time.sleep(0.01)
+        return super().dataset(task)
+
+cli_hub.prepare = lambda root: Held(root, release, progress=False)
+from zoo.cli import main
+sys.exit(main(["hub", "serve", "--dir", sys.argv[1], "--port", sys.argv[4]]))
+"""
+
+
+def test_zoo_hub_serve_answers_before_its_dataset_repos_are_made(release_hub, tmp_path):
+    """`zoo hub serve` on a new hub dir listens once the model repos are written; a dataset request sent before its
+    repo is made is held, then answered with the repo the preparation made; the collection follows."""
+    import threading
+
+    h = release_hub
+    hub_dir, go, port = tmp_path / "hub", tmp_path / "go", hub.free_port()
+    proc = subprocess.Popen([sys.executable, "-c", SERVE_MODELS_FIRST, str(hub_dir), str(h.folder.parent), str(go),
+                             str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith("serving the local hub"), proc.stderr.read()
+        api = HfApi(endpoint=f"http://127.0.0.1:{port}")
+        assert not (hub_dir / "datasets" / h.dataset).exists()  # held: not made yet
+        result = {}
+
+        def ask():
+            try:
+                result["info"] = api.dataset_info(h.dataset)
+            except Exception as e:  # said by the assert below
+                result["info"] = e
+
+        asked = threading.Thread(target=ask)
+        asked.start()
+        assert [m.id for m in api.list_models(author="icl-zoo")] == [ORG_ENTRY]  # served meanwhile
+        assert asked.is_alive()  # the dataset request is held (it cannot end before its repo exists)
+        go.touch()
+        asked.join(timeout=300)
+        (collection,) = api.list_collections(owner="icl-zoo")  # held until the marker is written
+        assert {i.item_id for i in api.get_collection(collection.slug).items} == {ORG_ENTRY, h.dataset}
+        marker = json.loads((hub_dir / ".icl-zoo-release.json").read_text())
+        assert not isinstance(result["info"], Exception), result
+        assert result["info"].sha == marker["datasets"][h.task]
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "error" not in err, err
+
+def test_a_failed_preparation_is_said_in_one_line_and_answered_503(tmp_path, capsys):
+    """A dataset repo whose preparation fails: `zoo hub serve` says so in one line and goes on serving; a request
+    for it (or for the listing of datasets, or the release's collection) gets 503 with that reason in one line."""
+    from zoo.cli.hub import prepare_datasets
+    from zoo.publishing.hub_git import write_new_repo
+    from zoo.publishing.hub_server import COLLECTION_KEY, pending_key
+
+    root = tmp_path / "hub"
+    write_new_repo(root / "models" / "icl-zoo" / "m", {"README.md": b"# m\n"}, message="m", tag="v1")
+
+    class Failing:  # a Preparation whose one dataset repo cannot be written
+        pending, from_cache, progress, hub_root = ["d"], [], False, root
+
+        def dataset(self, task):
+            raise OSError(28, "No space left on device")
+
+        def finish(self):
+            raise AssertionError("no marker is written when a dataset repo failed")
+
+    proc, endpoint = hub.start_server(root, meanwhile=lambda: [pending_key("datasets", "icl-zoo/d"), COLLECTION_KEY])
+    try:
+        assert prepare_datasets(Failing(), proc) == ["d"]
+        said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+        for path in ("/api/datasets/icl-zoo/d", "/api/datasets/icl-zoo/d/tree/main",
+                     "/datasets/icl-zoo/d/resolve/main/x", "/api/datasets?author=icl-zoo",
+                     "/api/collections?owner=icl-zoo"):
+            conn = http.client.HTTPConnection(urlparse(endpoint).netloc, timeout=60)
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            body, retry_after = resp.read(), resp.getheader("retry-after")
+            conn.close()
+            assert resp.status == 503 and retry_after is None, (path, resp.status, body)  # failed: retrying won't help
+            message = json.loads(body)["error"]
+            assert "could not be prepared" in message and "\n" not in message, (path, message)
+        with pytest.raises(HfHubHTTPError, match="No space left on device"):
+            HfApi(endpoint=endpoint).dataset_info("icl-zoo/d")
+        assert [m.id for m in HfApi(endpoint=endpoint).list_models(author="icl-zoo")] == ["icl-zoo/m"]
+    finally:
+        hub.stop_server(proc)
+    assert len(said) == 1 and "icl-zoo/d" in said[0] and "No space left on device" in said[0], said
+
+
+def _asgi(app, method: str, path: str) -> tuple[int, dict]:
+    """One request through the ASGI app in this process: (status, headers)."""
+    import asyncio
+
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": method, "path": path, "raw_path": path.encode(), "query_string": b"",
+             "headers": [(b"host", b"127.0.0.1")]}
+    asyncio.run(app(scope, receive, send))
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    return start["status"], {k.decode(): v.decode() for k, v in start["headers"]}
+
+
+def test_a_repo_still_being_prepared_past_the_bound_is_a_503_with_retry_after(tmp_path):
+    from zoo.publishing.hub_server import App, Pending, pending_key
+
+    (tmp_path / "hub").mkdir()
+    pending = Pending([pending_key("datasets", "icl-zoo/d")])
+    app = App(tmp_path / "hub", pending=pending, wait_s=0, wait_resolve_s=0)
+    for path in ("/api/datasets/icl-zoo/d", "/datasets/icl-zoo/d/resolve/main/x", "/api/datasets"):
+        status, headers = _asgi(app, "GET", path)
+        assert status == 503 and headers["retry-after"] == "5", (path, headers)
+        assert "still being prepared" in headers["x-error-message"]
+    assert _asgi(app, "GET", "/api/models/icl-zoo/m")[0] == 404  # what is not pending is answered at once
+    assert _asgi(app, "GET", "/api/datasets/icl-zoo/other")[0] == 404
+
+
+def test_the_preparing_process_s_lines_and_its_end():
+    from zoo.publishing.hub_server import Pending, Route
+
+    pending = Pending(["datasets/o/a", "datasets/o/b", "datasets/o/c", "collection"])
+    pending.follow(["ready datasets/o/a\n", "failed datasets/o/b OSError: disk\tfull\n", "nonsense\n"])  # then EOF
+    assert pending.state({"datasets/o/a"}) is None
+    assert pending.state({"datasets/o/b"}) == ("failed", "datasets/o/b: OSError: disk full")
+    kind, reason = pending.state({"datasets/o/c"})
+    assert kind == "failed" and "stopped before it was ready" in reason  # its input ended: nothing more will come
+    assert pending.needed(Route("list", "models")) == set()
+    assert pending.needed(Route("list", "datasets")) == {"datasets/o/b", "datasets/o/c"}  # a ready one is forgotten
+    assert pending.needed(Route("collections")) == {"datasets/o/b", "datasets/o/c", "collection"}

@@ -3,6 +3,7 @@ from a Hub, and the local hub served as one."""
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import os
 import secrets
@@ -15,8 +16,9 @@ from pathlib import Path
 import zoo
 from zoo.cli.output import add_command, print_json
 from zoo.publishing import hub
-from zoo.publishing.hub_prepare import prepare
-from zoo.storage.locate import is_checkpoint_file, locate, validate_repo_id
+from zoo.publishing.hub_prepare import Preparation
+from zoo.publishing.hub_server import COLLECTION_KEY, pending_key
+from zoo.storage.locate import ORG, is_checkpoint_file, locate, validate_repo_id
 
 
 def hub_kwargs(args) -> dict:
@@ -83,15 +85,26 @@ def cmd_hub_serve(args) -> int:
     try:
         if args.port:  # a busy port is refused before the release is imported (minutes the first time)
             hub.check_port_free(args.port)
+        with contextlib.ExitStack() as held:
+            preparation = None
 
-        def prepare_release():
-            with hub.preparing(root):  # one preparation of a folder at a time; a second server waits for it
-                prepare(root)  # once per release (progress shown); reused while the release is unchanged
+            def models_first() -> list[str]:
+                """The model repos (about a second); the dataset repos are made once the server listens, and it
+                holds a request for one of them until it is ready."""
+                nonlocal preparation
+                held.enter_context(hub.preparing(root))  # one preparation of a folder at a time: a second server
+                preparation = prepare(root)  # waits, then finds it prepared (once per release, then reused)
+                if not isinstance(preparation, Preparation):  # prepared whole by another `prepare`
+                    return []
+                tasks = preparation.models()
+                return [*(pending_key("datasets", f"{ORG}/{t}") for t in tasks), *([COLLECTION_KEY] if tasks else [])]
 
-        # the server process starts (imports) while the release is prepared, and listens once it is
-        proc, endpoint = hub.start_server(root, args.port, meanwhile=None if args.no_release else prepare_release)
-        print(f"serving the local hub {root} at {endpoint}", flush=True)
-        print(f"  export HF_ENDPOINT={endpoint}    # then huggingface_hub / datasets / zoo use it", flush=True)
+            # the server process starts (imports) while the model repos are prepared, and listens once they are
+            proc, endpoint = hub.start_server(root, args.port, meanwhile=None if args.no_release else models_first)
+            print(f"serving the local hub {root} at {endpoint}", flush=True)
+            print(f"  export HF_ENDPOINT={endpoint}    # then huggingface_hub / datasets / zoo use it", flush=True)
+            if isinstance(preparation, Preparation) and preparation.pending:
+                prepare_datasets(preparation, proc)
         while proc.poll() is None:
             time.sleep(0.5)
         print(f"error: the hub server exited with code {proc.returncode}", file=sys.stderr)
@@ -101,6 +114,58 @@ def cmd_hub_serve(args) -> int:
     finally:
         if proc is not None:
             hub.stop_server(proc)
+
+
+def prepare(root: Path):
+    """How `zoo hub serve` prepares the local hub `root` for the shipped release: a Preparation, whose model repos
+    are made before the server listens and its dataset repos after (prepare_datasets). A replacement that prepares
+    `root` whole and returns anything else (as zoo.publishing.hub_prepare.prepare does) is run before it listens."""
+    return Preparation(root)
+
+
+def prepare_datasets(preparation, proc) -> list[str]:
+    """Make the dataset repos `preparation` has still to make while `proc` (the hub server) serves the rest,
+    telling it as each is ready; one that fails is said in one line here and answered 503 with that line there,
+    and the others are still made. Returns the tasks that failed."""
+    from tqdm.auto import tqdm
+
+    tasks, failed = list(preparation.pending), []
+    if preparation.progress:
+        print(f"preparing {len(tasks)} dataset repos meanwhile (a request for one waits until it is ready)",
+              file=sys.stderr, flush=True)
+    with tqdm(total=len(tasks), unit="repo", file=sys.stderr, desc="dataset repos",
+              disable=not preparation.progress) as bar:
+        for i, task in enumerate(tasks):
+            if proc.poll() is not None:  # the server is gone: nobody to make them for
+                return failed + tasks[i:]
+            bar.set_postfix_str(task)
+            key = pending_key("datasets", f"{ORG}/{task}")
+            try:
+                preparation.dataset(task)
+            except Exception as e:  # any failure of one repo (torch, the disk, a generator): said, the others made
+                reason = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+                failed.append(task)
+                hub.announce(proc, "failed", key, reason)
+                bar.write(f"error: the dataset repo {ORG}/{task} could not be prepared ({reason}); requests for it "
+                          "answer 503", file=sys.stderr)
+            else:
+                hub.announce(proc, "ready", key)
+            bar.update()
+    if failed:
+        hub.announce(proc, "failed", COLLECTION_KEY, f"the dataset repos {', '.join(failed)} could not be prepared")
+    else:
+        try:
+            preparation.finish()
+            hub.announce(proc, "ready", COLLECTION_KEY)
+        except OSError as e:
+            hub.announce(proc, "failed", COLLECTION_KEY, f"the release's marker could not be written: {e}")
+            print(f"error: the release's marker could not be written in {preparation.hub_root} ({e})", file=sys.stderr)
+            failed.append("(marker)")
+    hub.done_announcing(proc)
+    if not failed:
+        print(f"the dataset repos are ready ({len(preparation.from_cache)} of {len(tasks)} from the cache)",
+              file=sys.stderr, flush=True)
+    return failed
 
 
 def cmd_pull(args) -> int:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
+from zoo.publishing.hub_prepare import frozen_parquet
 from zoo.science.paths import cache_dir
 from zoo.storage.atomic import writing
 from zoo.storage.locate import HubError, validate_repo_id
@@ -194,11 +195,16 @@ def dataset_folder(task_name: str, out: Path, *, repo: str | None = None, revisi
     hashes = {}
     for split in spec.splits:
         s = load_split(task_name, split, spec=spec)
-        tmp = out / "_tmp"
-        save_split(s.x, s.y, tmp)
         (out / "data").mkdir(parents=True, exist_ok=True)
-        os.replace(tmp / "data.parquet", out / "data" / f"{split}-00000-of-00001.parquet")
-        shutil.rmtree(tmp)
+        dst = out / "data" / f"{split}-00000-of-00001.parquet"
+        cached = frozen_parquet(task_name, split, int(s.x.shape[0]), s.sha256)  # the file load_split keeps, checked
+        if cached is not None:
+            dst.write_bytes(cached)
+        else:
+            tmp = out / "_tmp"
+            save_split(s.x, s.y, tmp)
+            os.replace(tmp / "data.parquet", dst)
+            shutil.rmtree(tmp)
         hashes[split] = {"sha256": s.sha256, "n": int(s.x.shape[0]), "seed": spec.splits[split].seed}
         shapes = f"x {tuple(s.x.shape[1:])} and y {tuple(s.y.shape[1:])} per row"
         shapes_of = {"x": tuple(s.x.shape[1:]), "y": tuple(s.y.shape[1:]), "row_bytes": (s.x[0].nbytes + s.y[0].nbytes)}
@@ -279,13 +285,18 @@ def check_port_free(port: int) -> None:
 
 
 def start_server(root: Path | None = None, port: int | None = None, *, timeout: float = 60.0,
-                 log: Path | None = None, meanwhile: Callable[[], object] | None = None) -> tuple[subprocess.Popen, str]:
+                 log: Path | None = None, meanwhile: Callable[[], list[str] | None] | None = None
+                 ) -> tuple[subprocess.Popen, str]:
     """Start the hub server (`python -m zoo.publishing.hub_server`) over the local hub on 127.0.0.1; returns
     (process, endpoint) once it answers. It serves only GET/HEAD (and the read-only paths-info POST) for a
     valid `ORG/NAME` git repo inside `root` (made absolute here), with a plain revision and file path.
 
-    `meanwhile()` (e.g. preparing the release's repos) runs while the server process starts, which listens only
-    once it has returned: the server's start (about half a second of imports) is not added to the preparation's."""
+    `meanwhile()` (e.g. preparing the release's model repos) runs while the server process starts, which listens
+    only once it has returned: the server's start (about half a second of imports) is not added to the
+    preparation's. It returns the keys of the repos it leaves to be prepared afterwards ("datasets/ORG/NAME",
+    zoo.publishing.hub_server.pending_key; COLLECTION_KEY for the release's marker), or None: the server holds a
+    request for one of them until `announce(proc, "ready", key)` (or answers 503 after `announce(proc, "failed",
+    key, why)`), and `done_announcing(proc)` says that no more will come (whatever is still pending has failed)."""
     root = (Path(root) if root else default_local_hub()).resolve()
     root.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
@@ -302,16 +313,49 @@ def start_server(root: Path | None = None, port: int | None = None, *, timeout: 
     endpoint = f"http://127.0.0.1:{port}"
     try:
         if meanwhile:
-            meanwhile()
+            later = list(meanwhile() or ())
             try:
-                proc.stdin.write(b"serve\n")
-                proc.stdin.close()
+                proc.stdin.write(b"".join(b"pending %s\n" % _key(k) for k in later) + b"serve\n")
+                proc.stdin.flush()
+                if not later:
+                    proc.stdin.close()
             except BrokenPipeError:  # it exited while starting: _wait_until_up says how, from its log
                 pass
         return _wait_until_up(proc, endpoint, log_file, timeout)
     except BaseException:  # Ctrl-C / SIGTERM while starting: the server and its temp folder go too
         stop_server(proc)
         raise
+
+
+def _key(key: str) -> bytes:
+    if not key or any(c.isspace() for c in key):
+        raise ValueError(f"{key!r} is not a pending repo's key")
+    return key.encode()
+
+
+def announce(proc: subprocess.Popen, state: str, key: str, reason: str = "") -> bool:
+    """Tell the server started with `meanwhile` that the repo `key` it holds requests for is "ready", or has
+    "failed" (`reason`: said in one line to whoever asked for it). False when the server has gone."""
+    if state not in ("ready", "failed"):
+        raise ValueError(f"state must be 'ready' or 'failed', got {state!r}")
+    line = b"%s %s" % (state.encode(), _key(key))
+    if state == "failed":
+        line += b" " + " ".join(reason.split()).encode("utf-8", "replace")
+    try:
+        proc.stdin.write(line + b"\n")
+        proc.stdin.flush()
+        return True
+    except (BrokenPipeError, ValueError, AttributeError):  # exited, or its input already closed / never opened
+        return False
+
+
+def done_announcing(proc: subprocess.Popen) -> None:
+    """No more announcements: what the server still holds as pending has failed."""
+    try:
+        if proc.stdin is not None:
+            proc.stdin.close()
+    except BrokenPipeError:
+        pass
 
 
 def _wait_until_up(proc, endpoint: str, log_file, timeout: float):
@@ -333,6 +377,7 @@ def _wait_until_up(proc, endpoint: str, log_file, timeout: float):
 
 def stop_server(proc: subprocess.Popen) -> None:
     """Stop the hub server and remove its temporary folder (config, logs)."""
+    done_announcing(proc)
     if proc.poll() is None:
         proc.terminate()
         try:

@@ -8,11 +8,13 @@ tasks, and the sources that make the dataset repos (task definitions, generators
 matches and the repos are there, nothing is done and nothing heavy (torch, datasets) is imported, so the
 endpoint answers about a second after launch.
 
-An empty hub dir is prepared in about a second when the dataset repos are in the cache (below): the model repos
-are written from the shipped release's bytes, checked against its index, as git objects in-process
-(zoo.publishing.hub_git: no git processes), and the dataset repos' files come from the cache, checked against
-the hashes the release pins. Without that cache the frozen splits are loaded (or generated from their seeds)
-through torch, which takes seconds (reports/engineering/hub-start.md has the figures).
+The model repos are written from the shipped release's bytes, checked against its index, as git objects
+in-process (zoo.publishing.hub_git: no git processes): about a second for an empty hub dir. The dataset repos
+come from the cache (below), checked against the hashes the release pins, or without it from the frozen splits,
+loaded (or generated from their seeds) through torch: seconds. `Preparation` does the two in that order, so that
+`zoo hub serve` answers once the model repos are in place and makes the dataset repos while it serves, holding a
+request for one of them until it is ready (zoo.publishing.hub_server; reports/engineering/hub-start.md has the
+figures).
 """
 
 from __future__ import annotations
@@ -91,55 +93,114 @@ def prepare(hub_root: Path, root: Path | None = None, *, datasets: bool = True, 
     Returns the marker: {"key", "version", "org", "models": {name: commit}, "datasets": {task: commit},
     "prepared_at", "reused"}, and when prepared now "datasets_from_cache": the tasks whose dataset repo came from
     the cache. Reused (fast) when the release is the one last prepared."""
-    hub_root, root = Path(hub_root), Path(root or release_dir())
-    key, index = release_key(root, datasets=datasets)
-    if is_prepared(hub_root, key):
-        return {**read_marker(hub_root), "reused": True}
-    return {**_prepare(hub_root, root, index, key, datasets=datasets, progress=progress), "reused": False}
+    preparation = Preparation(hub_root, root, datasets=datasets, progress=progress)
+    preparation.models()
+    preparation.datasets()
+    return preparation.finish()
 
 
-def _prepare(hub_root: Path, root: Path, index: dict, key: str, *, datasets: bool, progress: bool) -> dict:
-    from tqdm.auto import tqdm
+class Preparation:
+    """One preparation of a local hub, in the order `zoo hub serve` serves it: `models()` puts the model repos in
+    place (a second or so) and returns the tasks whose dataset repo is still to make, `dataset(task)` makes one
+    (seconds without the cache: torch, the frozen splits), `finish()` writes the marker. Nothing is reused from
+    an interrupted preparation: the marker is removed first and written last. The caller holds
+    `zoo.publishing.hub.preparing(hub_root)` throughout."""
 
-    hub_root.mkdir(parents=True, exist_ok=True)
-    (hub_root / RELEASE_MARKER).unlink(missing_ok=True)  # an interrupted preparation is never taken as done
-    for kind in ("models", "datasets"):
-        remove_staged(hub_root / kind / ORG)  # what an interrupted preparation left staged
-    version, names = index["version"], sorted(index["entries"])
-    tasks = release_tasks(root, index) if datasets else []
-    if progress:
-        print(f"preparing the local hub {hub_root} for release {version} (once per release): "
-              f"{len(names)} model repos, {len(tasks)} dataset repos", file=sys.stderr, flush=True)
-    marker = {"key": key, "version": version, "org": ORG, "models": {}, "datasets": {}}
-    message = f"icl-zoo release {version}"
-    pins: dict[str, list] = {}  # task -> the splits each released config.json pins
-    from_cache = []
-    with tqdm(total=len(names) + len(tasks), unit="repo", disable=not progress, file=sys.stderr,
-              desc="preparing") as bar:
-        for name in names:
-            bar.set_postfix_str(name)
-            files = released_files(root / name, index["entries"][name])  # read once, checked against the index
-            config = json.loads(files["config.json"])
-            pins.setdefault(config["entry"]["task"], []).append(pinned_splits(config.get("task")))
-            marker["models"][name] = commit(hub_root, f"{ORG}/{name}", "model", files, message, version)
-            bar.update()
-        sources = dataset_sources() if tasks else {}
-        for task in tasks:
-            bar.set_postfix_str(task)
-            key_of_task, pinned = dataset_key(task, sources), agreed(pins.get(task))
-            files = cached_dataset(task, key_of_task, pinned)
-            if files is None:
-                files = build_dataset(task)
-                store_dataset(task, key_of_task, files, pinned)
-            else:
-                from_cache.append(task)
-            marker["datasets"][task] = commit(hub_root, f"{ORG}/{task}", "dataset", files, message, version)
-            bar.update()
-    marker["prepared_at"] = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())
-    tmp = hub_root / f"{RELEASE_MARKER}.tmp"
-    tmp.write_text(json.dumps(marker, indent=1, sort_keys=True))
-    os.replace(tmp, hub_root / RELEASE_MARKER)
-    return {**marker, "datasets_from_cache": from_cache}
+    def __init__(self, hub_root: Path, root: Path | None = None, *, datasets: bool = True, progress: bool = True):
+        self.hub_root, self.root = Path(hub_root), Path(root or release_dir())
+        self.key, self.index = release_key(self.root, datasets=datasets)
+        self.with_datasets, self.progress = datasets, progress
+        self.pending: list[str] = []  # tasks whose dataset repo is still to make
+        self.from_cache: list[str] = []
+        self.marker: dict | None = None
+        self.reused = False
+        self._pins: dict[str, list] = {}  # task -> the splits each released config.json pins
+        self._sources: dict[str, str] | None = None
+
+    def models(self) -> list[str]:
+        """The model repos, checked against the release's index and written; returns `pending` (a copy)."""
+        if is_prepared(self.hub_root, self.key):
+            self.reused, self.marker = True, read_marker(self.hub_root)
+            return []
+        from tqdm.auto import tqdm
+
+        hub_root, root, index = self.hub_root, self.root, self.index
+        hub_root.mkdir(parents=True, exist_ok=True)
+        (hub_root / RELEASE_MARKER).unlink(missing_ok=True)  # an interrupted preparation is never taken as done
+        for kind in ("models", "datasets"):
+            remove_staged(hub_root / kind / ORG)  # what an interrupted preparation left staged
+        version, names = index["version"], sorted(index["entries"])
+        tasks = release_tasks(root, index) if self.with_datasets else []
+        if self.progress:
+            print(f"preparing the local hub {hub_root} for release {version} (once per release): "
+                  f"{len(names)} model repos, {len(tasks)} dataset repos", file=sys.stderr, flush=True)
+        self.marker = {"key": self.key, "version": version, "org": ORG, "models": {}, "datasets": {}}
+        with tqdm(total=len(names), unit="repo", disable=not self.progress, file=sys.stderr,
+                  desc="model repos") as bar:
+            for name in names:
+                bar.set_postfix_str(name)
+                files = released_files(root / name, index["entries"][name])  # read once, checked against the index
+                config = json.loads(files["config.json"])
+                self._pins.setdefault(config["entry"]["task"], []).append(pinned_splits(config.get("task")))
+                self.marker["models"][name] = commit(hub_root, f"{ORG}/{name}", "model", files, self._message,
+                                                     version)
+                bar.update()
+        self.pending = list(tasks)
+        return list(tasks)
+
+    @property
+    def _message(self) -> str:
+        return f"icl-zoo release {self.index['version']}"
+
+    def dataset(self, task: str) -> str:
+        """Make the dataset repo of `task` (one of `pending`), from the cache when it checks out; its commit."""
+        if task not in self.pending:
+            raise ValueError(f"{task} is not a dataset repo this preparation has still to make")
+        if self._sources is None:
+            self._sources = dataset_sources()
+        files, cached = dataset_repo_files(task, self._sources, agreed(self._pins.get(task)))
+        sha = commit(self.hub_root, f"{ORG}/{task}", "dataset", files, self._message, self.index["version"])
+        self.marker["datasets"][task] = sha
+        if cached:
+            self.from_cache.append(task)
+        self.pending.remove(task)
+        return sha
+
+    def datasets(self) -> None:
+        """Every pending dataset repo, with a progress bar."""
+        from tqdm.auto import tqdm
+
+        with tqdm(total=len(self.pending), unit="repo", disable=not self.progress or not self.pending,
+                  file=sys.stderr, desc="dataset repos") as bar:
+            for task in list(self.pending):
+                bar.set_postfix_str(task)
+                self.dataset(task)
+                bar.update()
+
+    def finish(self) -> dict:
+        """Write the marker (every repo made); returns it as `prepare` does."""
+        if self.reused:
+            return {**self.marker, "reused": True}
+        if self.marker is None or self.pending:
+            raise RuntimeError(f"the local hub {self.hub_root} is not prepared yet: "
+                               f"{', '.join(self.pending) or 'its model repos'} still to make")
+        marker = {**self.marker, "prepared_at": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())}
+        tmp = self.hub_root / f"{RELEASE_MARKER}.tmp"
+        tmp.write_text(json.dumps(marker, indent=1, sort_keys=True))
+        os.replace(tmp, self.hub_root / RELEASE_MARKER)
+        return {**marker, "datasets_from_cache": list(self.from_cache), "reused": False}
+
+
+def dataset_repo_files(task: str, sources: dict[str, str], pinned: dict | None) -> tuple[dict[str, bytes], bool]:
+    """(files, from the cache?) of `task`'s dataset repo: the cached ones when they check against `pinned` (the
+    splits the release pins), else built (torch) and kept in the cache."""
+    key = dataset_key(task, sources)
+    files = cached_dataset(task, key, pinned)
+    if files is not None:
+        return files, True
+    files = build_dataset(task)
+    store_dataset(task, key, files, pinned)
+    return files, False
 
 
 def agreed(pins: list | None) -> dict | None:
@@ -184,6 +245,18 @@ def build_dataset(task: str) -> dict[str, bytes]:
     with tempfile.TemporaryDirectory() as tmp:
         folder, _ = dataset_folder(task, Path(tmp) / task)
         return {rel.as_posix(): p.read_bytes() for p, rel in publishable_files(folder)}
+
+
+def frozen_parquet(task: str, split: str, n: int, sha256: str) -> bytes | None:
+    """The parquet of `task`'s frozen split `split` as the frozen-split cache holds it (zoo.science.tasks.frozen's
+    load_split writes `<cache>/datasets/<task>/<split>/data.parquet` through `datasets`), when it reads as `datasets`
+    reads it (split_identity) to `n` tasks of content hash `sha256`; else None, and the caller writes it. A dataset
+    repo's parquet is then that file's bytes, not a second write of the same arrays through `datasets`."""
+    try:
+        data = read_capped(cache_dir() / "datasets" / safe_name(task) / split / "data.parquet")
+        return data if split_identity(data) == (n, sha256) else None
+    except Exception:  # missing, unreadable, another schema (pyarrow has its own error types): written afresh
+        return None
 
 
 # ---------------------------------------------------------------- the dataset repos' cache

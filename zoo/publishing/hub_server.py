@@ -16,6 +16,17 @@ It answers the read calls of `huggingface_hub` and `datasets`, in the Hub's JSON
     GET  /api/collections[/ORG/SLUG]                  list_collections / get_collection
     GET|HEAD [/datasets]/ORG/NAME/resolve/REV/PATH    hf_hub_download, snapshot_download, Range reads
 
+Repos still being prepared: `zoo hub serve` starts the server once the model repos are in place and makes the
+dataset repos afterwards (seconds, the first time: their frozen splits are generated through torch). It names
+them on the server's stdin before the server listens ("pending datasets/ORG/NAME", then "serve"), and says when
+each is done ("ready KEY" or "failed KEY MESSAGE"; end of input: what is still pending has failed). A request that
+needs one of them (its info, refs, commits, tree, paths-info or files; a listing of its type; the collection,
+which waits for the release's marker, key "collection") waits until it is ready: plain `huggingface_hub` and
+`datasets` calls work unchanged, they take longer. The wait is bounded (PENDING_WAIT_S; PENDING_WAIT_RESOLVE_S for
+a file, under huggingface_hub's 10 s metadata timeout, which retries a 503 after its Retry-After); past it the
+answer is 503 with Retry-After, and a repo whose preparation failed is answered 503 with the failure in one line
+(no Retry-After: it will not change while this server runs).
+
 Model info comes from the card's YAML front matter (tags, pipeline_tag, library_name, cardData,
 model-index), config.json and the safetensors headers (parameter counts per dtype), with the tags
 the Hub derives (file formats, license:, dataset:, base_model:). Files of the kinds the Hub keeps
@@ -83,12 +94,16 @@ SHA256_HEX = re.compile(r"[0-9a-f]{64}")  # what a hash sidecar must hold, exact
 LIST_WORKERS = 4  # repos described at once for a listing (git processes, mostly waiting on each other)
 MEMO_ENTRIES = 1024  # what a commit determines (tree, history, info, hashes), least recently used dropped first
 LOOPBACK_HOST = re.compile(r"(localhost|127\.0\.0\.1|\[::1\])(:[0-9]{1,5})?", re.IGNORECASE)  # fullmatch
+PENDING_WAIT_S = 120.0  # how long an API request waits for a repo still being prepared (the clients set no timeout)
+PENDING_WAIT_RESOLVE_S = 8.0  # a file's: huggingface_hub gives up its first HEAD after 10 s, then retries on 503
+RETRY_AFTER_S = 5
+COLLECTION_KEY = "collection"  # the pending key of the release's marker (the Collection is read from it)
 
 
 class Refused(Exception):
-    def __init__(self, status: int, message: str, code: str | None = None):
+    def __init__(self, status: int, message: str, code: str | None = None, retry_after: int | None = None):
         super().__init__(message)
-        self.status, self.message, self.code = status, message, code
+        self.status, self.message, self.code, self.retry_after = status, message, code, retry_after
 
 
 def not_found(what: str = "repo") -> Refused:
@@ -776,10 +791,113 @@ def handle_collections(hub: Hub, route: Route, params):
     return [{k: v for k, v in c.items() if k != "position"}]  # list_collections numbers them itself
 
 
+# ---------------------------------------------------------------- repos still being prepared
+def pending_key(repo_type: str, repo_id: str) -> str:
+    """How the preparing process names a repo it has yet to make: "datasets/ORG/NAME" (repo_type as in routes)."""
+    return f"{repo_type}/{repo_id}"
+
+
+class Pending:
+    """The repos announced as still being prepared, and those whose preparation failed (key -> one-line reason).
+    Updated from the thread that reads the preparing process's lines; read by the requests that wait."""
+
+    def __init__(self, keys=()):
+        self._lock = threading.Lock()
+        self._pending: set[str] = set(keys)
+        self._failed: dict[str, str] = {}
+
+    def add(self, key: str) -> None:
+        with self._lock:
+            self._pending.add(key)
+
+    def ready(self, key: str) -> None:
+        with self._lock:
+            self._pending.discard(key)
+
+    def fail(self, key: str, reason: str) -> None:
+        with self._lock:
+            if key in self._pending:
+                self._pending.discard(key)
+                self._failed[key] = " ".join(reason.split())[:500] or "the preparation failed"
+
+    def stop(self, reason: str) -> None:
+        """The preparing process is gone: whatever it had not finished has failed."""
+        with self._lock:
+            for key in self._pending:
+                self._failed[key] = reason
+            self._pending.clear()
+
+    def needed(self, route: Route) -> set[str]:
+        """The announced keys (pending or failed) that `route` depends on."""
+        with self._lock:
+            known = self._pending | set(self._failed)
+        if not known:
+            return set()
+        if route.kind in ("collections", "collection"):
+            return known
+        if route.kind == "list":
+            return {k for k in known if k.startswith(route.repo_type + "/")}
+        key = pending_key(route.repo_type, route.repo_id)
+        return {key} if key in known else set()
+
+    def state(self, keys: set[str]) -> tuple[str, str] | None:
+        """None when every key is ready; ("failed", "KEY: reason") for a failed one; else ("pending", KEY)."""
+        with self._lock:
+            for key in sorted(keys):
+                if key in self._failed:
+                    return "failed", f"{key}: {self._failed[key]}"
+            waiting = sorted(keys & self._pending)
+        return ("pending", waiting[0]) if waiting else None
+
+    def follow(self, lines) -> None:
+        """Apply the preparing process's lines ("ready KEY", "failed KEY REASON") until they end."""
+        for line in lines:
+            verb, _, rest = line.strip().partition(" ")
+            key, _, reason = rest.partition(" ")
+            if verb == "ready" and key:
+                self.ready(key)
+            elif verb == "failed" and key:
+                self.fail(key, reason)
+        self.stop("the preparation stopped before it was ready (see the output of `zoo hub serve`)")
+
+
+def _what(key: str) -> str:
+    if key == COLLECTION_KEY:
+        return "the release's collection"
+    kind, _, repo_id = key.partition("/")
+    return f"the {kind.rstrip('s')} repo {repo_id}"
+
+
 # ---------------------------------------------------------------- ASGI
 class App:
-    def __init__(self, root: Path, blobs: Path | None = None):
+    def __init__(self, root: Path, blobs: Path | None = None, pending: Pending | None = None, *,
+                 wait_s: float = PENDING_WAIT_S, wait_resolve_s: float = PENDING_WAIT_RESOLVE_S):
         self.hub = Hub(root, blobs)
+        self.pending = pending or Pending()
+        self.wait_s, self.wait_resolve_s = wait_s, wait_resolve_s
+
+    async def wait_until_prepared(self, route: Route, method: str) -> None:
+        """Hold a request whose repos are still being prepared until they are (see the module docstring)."""
+        keys = self.pending.needed(route)
+        if not keys:
+            return
+        import asyncio  # deferred: the server process has it (uvicorn); the module's importers (every CLI) need not
+
+        deadline = time.monotonic() + (self.wait_resolve_s if route.kind == "resolve" else self.wait_s)
+        said = False
+        while (state := self.pending.state(keys)) is not None:
+            kind, detail = state
+            if kind == "failed":
+                key, _, reason = detail.partition(": ")
+                raise Refused(503, f"{_what(key)} could not be prepared: {reason}; restart `zoo hub serve` to try "
+                                   "again")
+            if time.monotonic() >= deadline:
+                raise Refused(503, f"{_what(detail)} is still being prepared; retry in a few seconds",
+                              retry_after=RETRY_AFTER_S)
+            if not said:
+                print(f"waiting for {detail}, being prepared: {method} {route.kind}", file=sys.stderr, flush=True)
+                said = True
+            await asyncio.sleep(0.02)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
@@ -802,6 +920,7 @@ class App:
         try:
             check_host(scope.get("headers", []))
             route = parse(method, scope.get("raw_path") or b"", scope["path"])
+            await self.wait_until_prepared(route, method)
             body = await _read_body(receive) if method == "POST" else b""
             params = QueryParams(scope.get("query_string", b""))
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
@@ -813,6 +932,8 @@ class App:
                     (b"x-error-message", e.message.encode("ascii", "replace"))]
             if e.code or e.status == 404:
                 hdrs.append((b"x-error-code", (e.code or "RepoNotFound").encode()))
+            if e.retry_after is not None:
+                hdrs.append((b"retry-after", str(int(e.retry_after)).encode()))
             await send({"type": "http.response.start", "status": e.status, "headers": hdrs})
             await send({"type": "http.response.body", "body": b"" if method == "HEAD" else body})
             return
@@ -884,7 +1005,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--log-path", help="(accepted for compatibility; logs go to stdout/stderr)")
     p.add_argument("--hold", action="store_true",
                    help="load everything, then wait for a line 'serve' on stdin before listening (the caller prepares "
-                        "the repos meanwhile; end of input: exit without serving)")
+                        "the repos meanwhile; end of input: exit without serving); lines 'pending KEY' before it name "
+                        "the repos still to come, and the lines after it say when each is 'ready' or has 'failed'")
     args = p.parse_args(argv)
     root, host, port = args.root, args.host, args.port
     if args.config:
@@ -900,12 +1022,22 @@ def main(argv: list[str] | None = None) -> None:
     # what the first request would import otherwise (App.__call__ defers them for the module's importers)
     from starlette import concurrency, datastructures, responses  # noqa: F401
 
-    if args.hold and sys.stdin.readline().strip() != "serve":  # the caller gave up (or failed) preparing
-        return
+    pending = Pending()
+    if args.hold:
+        while True:
+            line = sys.stdin.readline()
+            verb, _, key = line.strip().partition(" ")
+            if verb == "pending" and key:
+                pending.add(key)
+            elif verb == "serve":
+                break
+            else:  # the caller gave up (or failed) preparing
+                return
+        threading.Thread(target=pending.follow, args=(sys.stdin,), name="pending", daemon=True).start()
     root = Path(root).resolve()
     if not root.is_dir():
         raise SystemExit(f"no such folder: {root}")
-    uvicorn.run(App(root), host=host, port=int(port), log_level="info", lifespan="off")
+    uvicorn.run(App(root, pending=pending), host=host, port=int(port), log_level="info", lifespan="off")
 
 
 if __name__ == "__main__":

@@ -3,13 +3,22 @@ as dataset repo `<org>/<task>`, tagged with the release version, on the local hu
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
 from huggingface_hub import HfApi
 from huggingface_hub.utils import HfHubHTTPError
 
-from zoo.publishing.hub import dataset_folder, publish_hub, publish_local, tag_local
+from zoo.publishing.hub import dataset_folder, publish_hub
+from zoo.publishing.hub_prepare import (
+    agreed,
+    commit,
+    dataset_repo_files,
+    dataset_sources,
+    pinned_splits,
+    released_files,
+)
 from zoo.science.registry import get_entry
 from zoo.storage.locate import ORG, read_index, release_dir, validate_repo_id, verify_folder
 
@@ -17,25 +26,29 @@ from zoo.storage.locate import ORG, read_index, release_dir, validate_repo_id, v
 def import_to_hub(hub_root: Path, root: Path | None = None, *, only: list[str] | None = None, datasets: bool = True,
                   progress: bool = True) -> dict:
     """Publish every released folder as model repo `icl-zoo/<entry>` and each task's frozen splits as
-    dataset repo `icl-zoo/<task>` on the local hub at `hub_root`, each tagged with the release version."""
+    dataset repo `icl-zoo/<task>` on the local hub at `hub_root`, each tagged with the release version.
+
+    As `zoo hub serve` prepares its hub (zoo.publishing.hub_prepare): each released file read once and checked
+    against the release's index, a new repo written in-process (no git processes), a dataset repo taken from the
+    zoo's cache when it checks against the hashes the release pins; a repo that exists gets a new commit through
+    git, its history kept."""
     root = Path(root or release_dir())
     index = read_index(root)
     version = index["version"]
+    message = f"icl-zoo release {version}"
     revisions = {"models": {}, "datasets": {}}
+    pins: dict[str, list] = {}  # task -> the splits each imported entry's config.json pins
     entries = {n: r for n, r in sorted(index["entries"].items()) if only is None or n in only}
     for name, row in entries.items():
-        verify_folder(root / name, row)
-        sha = publish_local(root / name, f"{ORG}/{name}", root=hub_root, message=f"icl-zoo release {version}")
-        tag_local(hub_root, f"{ORG}/{name}", version)
-        revisions["models"][name] = sha
+        files = released_files(root / name, row)
+        config = json.loads(files["config.json"])
+        pins.setdefault(config["entry"]["task"], []).append(pinned_splits(config.get("task")))
+        revisions["models"][name] = commit(hub_root, f"{ORG}/{name}", "model", files, message, version)
     if datasets:
-        for task in sorted({get_entry(n).task for n in entries}):
-            with tempfile.TemporaryDirectory() as tmp:
-                folder, _ = dataset_folder(task, Path(tmp) / task)
-                sha = publish_local(folder, f"{ORG}/{task}", repo_type="dataset", root=hub_root,
-                                    message=f"icl-zoo release {version}")
-            tag_local(hub_root, f"{ORG}/{task}", version, repo_type="dataset")
-            revisions["datasets"][task] = sha
+        sources = dataset_sources()
+        for task in sorted(pins):
+            files, _ = dataset_repo_files(task, sources, agreed(pins[task]))
+            revisions["datasets"][task] = commit(hub_root, f"{ORG}/{task}", "dataset", files, message, version)
     if progress:
         print(f"imported release {version}: {len(revisions['models'])} model repos, "
               f"{len(revisions['datasets'])} dataset repos into {hub_root}", flush=True)
