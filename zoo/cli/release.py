@@ -41,7 +41,6 @@ def cmd_refresh(args) -> int:
     # deferred: these import torch
     from zoo.publishing import release
     from zoo.publishing.leaderboard import write_leaderboards
-
     from zoo.publishing.report import write_release_summary
 
     root = release_root(args)
