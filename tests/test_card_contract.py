@@ -13,9 +13,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -23,7 +20,7 @@ from huggingface_hub import ModelCard
 
 import zoo
 from zoo.science.registry import default_registry, get_task_spec
-from zoo.storage.card import ONNX_TOLERANCE, base_model, teacher_model
+from zoo.storage.card import base_model, teacher_model
 from zoo.storage.locate import VERSION, read_index, release_dir
 
 RELEASED = sorted(read_index()["entries"])

@@ -24,8 +24,12 @@ import httpx
 import pytest
 import torch
 from fake_hub import FakeHub
-from test_trust_root import _own_hf_cache  # noqa: F401  (autouse: this test's own huggingface_hub cache)
-from test_trust_root import _publish, double_chunk_initializer, rewrite_hashes
+from test_trust_root import (
+    _own_hf_cache,  # noqa: F401  (autouse: this test's own huggingface_hub cache)
+    _publish,
+    double_chunk_initializer,
+    rewrite_hashes,
+)
 
 import zoo
 from zoo.publishing import hub

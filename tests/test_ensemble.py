@@ -72,7 +72,6 @@ def test_diverging_member_is_named(tmp_path):
 def test_nonfinite_weights_with_finite_loss_are_not_saved(tmp_path, monkeypatch):
     """A step can leave a weight non-finite while the loss that produced it was finite: the
     boundary check must refuse to save that state."""
-    import zoo.running.train
     from zoo.running.train import TrainingDiverged
 
     entry, task, make = setup("gated-rnn-zucchet-icl", **{"arch.hidden": 8, "source.batch_size": 8})
