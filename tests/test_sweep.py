@@ -291,12 +291,23 @@ def test_report_input_scales_and_weights_of_a_construction(tmp_path):
     assert scale_png.name == "report-input-scale.png" and scale_png.stat().st_size > 10_000
 
 
-def test_report_analyses_skip_what_they_do_not_apply_to(tmp_path):
-    """`--weights` on an LSA records why it does not apply instead of stopping the report; a sweep's
-    results.json (rows keyed by run) is refused with a pointer to the sweep folder."""
+@pytest.fixture(scope="module")
+def constructed_lsa(tmp_path_factory):
+    """lsa-gd-zucchet-icl built once for the report tests below, each of which reads a copy (a report reads no
+    graphs: none are exported)."""
     from zoo.running.builder import build
 
-    build("lsa-gd-zucchet-icl", tmp_path / "lsa", progress=False)
+    folder = tmp_path_factory.mktemp("constructed") / "lsa"
+    build("lsa-gd-zucchet-icl", folder, progress=False, graphs=False)
+    return folder
+
+
+def test_report_analyses_skip_what_they_do_not_apply_to(constructed_lsa, tmp_path):
+    """`--weights` on an LSA records why it does not apply instead of stopping the report; a sweep's
+    results.json (rows keyed by run) is refused with a pointer to the sweep folder."""
+    import shutil
+
+    shutil.copytree(constructed_lsa, tmp_path / "lsa")
     rows = collect([tmp_path / "lsa"], weights=True)
     assert "GD-SSM" in rows[0]["weights_not_applicable"] and "weights_vs_construction" not in rows[0]
     sweep_json = tmp_path / "sweep" / "results.json"
@@ -306,16 +317,17 @@ def test_report_analyses_skip_what_they_do_not_apply_to(tmp_path):
         collect([sweep_json])
 
 
-def test_report_plots_validation_loss_during_training_and_times_each_decade(tmp_path):
+def test_report_plots_validation_loss_during_training_and_times_each_decade(constructed_lsa, tmp_path):
     """A checkpoint's training history becomes its row's validation curve (rows without a finite
     validation loss left out), a table of the first evaluation below each decade, and a figure;
     a history that is not a list of rows is refused, naming the file."""
+    import shutil
+
     from zoo.publishing.report import validation_curve
-    from zoo.running.builder import build
     from zoo.storage.checkpoint import CheckpointError
 
     folder = tmp_path / "lsa"
-    build("lsa-gd-zucchet-icl", folder, progress=False)  # a construction: no history
+    shutil.copytree(constructed_lsa, folder)  # a construction: no history
     assert validation_curve(folder) == [] and "val_curve" not in collect([folder])[0]
     (folder / "training_history.json").write_text(json.dumps([
         {"step": 100, "train_loss": 1.0, "val_loss": 0.5}, {"step": 200, "train_loss": 0.1},
