@@ -27,7 +27,6 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
-from zoo.publishing.hub_prepare import frozen_parquet
 from zoo.science.paths import cache_dir
 from zoo.storage.atomic import writing
 from zoo.storage.locate import HubError, validate_repo_id
@@ -180,9 +179,12 @@ def dataset_card_data(task_name: str, spec, hashes: dict, shapes: dict) -> dict:
     }
 
 
-def dataset_folder(task_name: str, out: Path, *, repo: str | None = None, revision: str | None = None) -> tuple[Path, dict]:
+def dataset_folder(task_name: str, out: Path, *, repo: str | None = None, revision: str | None = None,
+                   cached_parquet: Callable[[str, str, int, str], bytes | None] | None = None) -> tuple[Path, dict]:
     """A Hub dataset repo folder for a task's frozen splits: parquet per split, hashes, card. The card's
-    examples load `repo` (default `icl-zoo/<task>`) at `revision` (default the release's tag)."""
+    examples load `repo` (default `icl-zoo/<task>`) at `revision` (default the release's tag). `cached_parquet`
+    (task, split, tasks, sha256) → a split's parquet bytes, already checked, or None: the hub's preparation passes
+    its checked read of the frozen-split cache (hub_prepare.frozen_parquet); otherwise each split is written."""
     import yaml  # deferred with the rest of a dataset publish
 
     from zoo.publishing.leaderboard import leaderboard_url
@@ -197,7 +199,7 @@ def dataset_folder(task_name: str, out: Path, *, repo: str | None = None, revisi
         s = load_split(task_name, split, spec=spec)
         (out / "data").mkdir(parents=True, exist_ok=True)
         dst = out / "data" / f"{split}-00000-of-00001.parquet"
-        cached = frozen_parquet(task_name, split, int(s.x.shape[0]), s.sha256)  # the file load_split keeps, checked
+        cached = cached_parquet(task_name, split, int(s.x.shape[0]), s.sha256) if cached_parquet else None
         if cached is not None:
             dst.write_bytes(cached)
         else:

@@ -243,7 +243,7 @@ def build_dataset(task: str) -> dict[str, bytes]:
     from zoo.publishing.hub import dataset_folder, publishable_files
 
     with tempfile.TemporaryDirectory() as tmp:
-        folder, _ = dataset_folder(task, Path(tmp) / task)
+        folder, _ = dataset_folder(task, Path(tmp) / task, cached_parquet=frozen_parquet)  # the file load_split keeps
         return {rel.as_posix(): p.read_bytes() for p, rel in publishable_files(folder)}
 
 
