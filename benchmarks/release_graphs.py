@@ -41,6 +41,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from streaming import matmul_floor  # noqa: E402  (a sibling script)
 
+from export.choices import cpu_model  # noqa: E402
+
 TARGET_TOKENS_PER_S = 1e6
 TARGET_FLOOR_SHARE = 0.25
 MEMORY_TARGET = 1 << 30
@@ -270,7 +272,7 @@ def main(argv=None) -> int:
         print(f"[{i}/{len(names)}] {name}: " + (r.get("error") or f"{r['tokens_per_s'] / 1e6:.2f}M tokens/s, "
               f"{r['peak_bytes'] / 2**20:.0f} MiB, {r['floor_percent']:.1f}% of floor"), file=sys.stderr, flush=True)
     rows.sort(key=lambda r: r.get("tokens_per_s", 0) / r["target_tokens_per_s"])
-    print(f"one thread, {os.cpu_count()} cores ({_cpu()}); floor GFLOP/s by weight shape: "
+    print(f"one thread, {os.cpu_count()} cores ({cpu_model()}); floor GFLOP/s by weight shape: "
           + ", ".join(f"{k}×{n}: {v:.0f}" for (k, n), v in floors.items()))
     print(markdown(rows))
     met = sum(bool(r.get("meets")) for r in rows)
@@ -278,13 +280,6 @@ def main(argv=None) -> int:
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0
-
-
-def _cpu() -> str:
-    try:
-        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return "unknown CPU"
 
 
 if __name__ == "__main__":

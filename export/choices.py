@@ -32,15 +32,19 @@ def enabled() -> bool:
     return os.environ.get("ICL_ZOO_STREAMING_CHOICES", "1") != "0"
 
 
-def machine(threads: int | None, providers: list[str], ort_version: str) -> str:
-    """What a choice depends on besides the graph and batch."""
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what `platform` knows."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
-        pass
-    return f"{cpu}; {os.cpu_count()} cores; threads {threads or 'default'}; onnxruntime {ort_version} {','.join(providers)}"
+        return cpu
+
+
+def machine(threads: int | None, providers: list[str], ort_version: str) -> str:
+    """What a choice depends on besides the graph and batch."""
+    return f"{cpu_model()}; {os.cpu_count()} cores; threads {threads or 'default'}; onnxruntime {ort_version} {','.join(providers)}"
 
 
 def key(graph_sha256: str, graphs: tuple[str, ...], batch: int, machine_key: str) -> str:

@@ -28,12 +28,7 @@ def scan_step_graph(step: onnx.ModelProto) -> onnx.ModelProto:
     # The body's interface is renamed (step.*): a subgraph may not reuse the outer graph's names.
     rename = {"token": "step.token", "out": "step.out"}
     rename |= {s[k]: f"step.{s[k]}" for s in layout for k in ("input", "output")}
-    body_nodes = []
-    for node in g.node:
-        node = onnx.NodeProto.FromString(node.SerializeToString())
-        node.input[:] = [rename.get(n, n) for n in node.input]
-        node.output[:] = [rename.get(n, n) for n in node.output]
-        body_nodes.append(node)
+    body_nodes = [renamed_copy(node, rename) for node in g.node]
 
     def renamed(value):
         value = onnx.ValueInfoProto.FromString(value.SerializeToString())
@@ -110,7 +105,8 @@ def _split(step: onnx.ModelProto):
     return layout, pre, core, post, tokenful
 
 
-def _copy(node, rename):
+def renamed_copy(node, rename):
+    """A copy of `node` with its inputs and outputs renamed by `rename` (names not in it kept)."""
     node = onnx.NodeProto.FromString(node.SerializeToString())
     node.input[:] = [rename.get(n, n) for n in node.input]
     node.output[:] = [rename.get(n, n) for n in node.output]
@@ -251,7 +247,7 @@ class _Hoisted:
 def _scan_body(layout, seq_inputs, body_core, rename, scanned_outs, tag) -> onnx.GraphProto:
     """The body of a Scan of `seq_inputs` running `body_core` with the states as loop variables;
     scanned_outs: body values also returned at every step (an Identity each)."""
-    body = [_copy(n, rename) for n in body_core]
+    body = [renamed_copy(n, rename) for n in body_core]
     outs = []
     for c in scanned_outs:
         body.append(helper.make_node("Identity", [rename.get(c, c)], [f"{tag}.{c}.each"]))
@@ -268,7 +264,7 @@ def _scanned_core(graph: _Hoisted, layout, pre, core, post, frontier, carried) -
     nodes = graph.nodes
     nodes += [helper.make_node("Reshape", ["tokens", "hoist.flat_in"], ["hoist.token"]),
               helper.make_node("Shape", ["tokens"], ["hoist.bt"], end=2)]
-    nodes += [_copy(x, {"token": "hoist.token"}) for x in pre]
+    nodes += [renamed_copy(x, {"token": "hoist.token"}) for x in pre]
 
     def to_seq(name, seq):  # (B·T, …) -> (B, T, …)
         nodes.extend([helper.make_node("Shape", [name], [f"{seq}.rest"], start=1),
@@ -290,7 +286,7 @@ def _scanned_core(graph: _Hoisted, layout, pre, core, post, frontier, carried) -
                       helper.make_node("Concat", ["hoist.minus1", f"{c}.seq.rest"], [f"{c}.seq.flat"], axis=0),
                       helper.make_node("Reshape", [f"{c}.seq", f"{c}.seq.flat"], [f"{c}.flatpost"])])
         rename_post[c] = f"{c}.flatpost"
-    nodes += [_copy(x, rename_post) for x in post]
+    nodes += [renamed_copy(x, rename_post) for x in post]
     to_seq("hoist.out", "out")
 
 
@@ -346,7 +342,7 @@ def _time_major_tokens(graph: _Hoisted, pre) -> None:
         helper.make_node("Transpose", [f"{p}.tb"], [f"{p}.tt"], perm=[2, 0, 1, 3]),  # (C, B, nb, d_in): time-major
         helper.make_node("Reshape", [f"{p}.tt", "hoist.flat_in"], ["hoist.token"]),  # (C·B·nb, d_in)
     ]
-    graph.nodes += [_copy(x, {"token": "hoist.token"}) for x in pre]
+    graph.nodes += [renamed_copy(x, {"token": "hoist.token"}) for x in pre]
 
 
 def _block_ends_by_gemm(graph: _Hoisted, decay, values, C: int, n: int) -> None:
@@ -458,7 +454,7 @@ def _last_state_and_read_out(graph: _Hoisted, s, post) -> None:
         helper.make_node("Concat", ["hoist.minus1", f"{p}.zshape_tail"], [f"{p}.shape_flat"], axis=0),
         helper.make_node("Reshape", [f"{p}.H", f"{p}.shape_flat"], [f"{s['output']}.flatpost"]),  # (C·B·nb, n)
     ]
-    graph.nodes += [_copy(x, {"out": "hoist.out", s["output"]: f"{s['output']}.flatpost"}) for x in post]
+    graph.nodes += [renamed_copy(x, {"out": "hoist.out", s["output"]: f"{s['output']}.flatpost"}) for x in post]
     graph.nodes += [
         helper.make_node("Concat", [f"{p}.C", f"{p}.B", "hoist.minus1", f"{p}.d_out"], [f"{p}.so"], axis=0),
         helper.make_node("Reshape", ["hoist.out", f"{p}.so"], [f"{p}.o4"]),  # (C, B, nb, d_out)

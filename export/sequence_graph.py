@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from export.scan_graph import scan_step_graph
+from export.scan_graph import renamed_copy, scan_step_graph
 
 BATCH_BLOCK = 256  # sequences per block where no state size says better (a softmax transformer's forward)
 # A scanned step's working set is a few (block, state) tensors: sized to ~256 KiB of state per block they stay in a
@@ -91,12 +91,7 @@ def batch_blocked(sequence: onnx.ModelProto, block: int = BATCH_BLOCK) -> onnx.M
     g = sequence.graph
     (tokens,), (out,) = g.input, g.output
     rename = {tokens.name: "block.tokens", out.name: "block.out"}
-    body_nodes = []
-    for node in g.node:
-        node = onnx.NodeProto.FromString(node.SerializeToString())
-        node.input[:] = [rename.get(n, n) for n in node.input]
-        node.output[:] = [rename.get(n, n) for n in node.output]
-        body_nodes.append(node)
+    body_nodes = [renamed_copy(node, rename) for node in g.node]
     d_in, d_out = _dims(tokens)[2], _dims(out)[2]
     body = helper.make_graph(body_nodes, "block", inputs=[_retyped(tokens, "block.tokens", ["block", "time", d_in])],
                              outputs=[_retyped(out, "block.out", ["block", "time", d_out])],
