@@ -339,3 +339,41 @@ def test_the_release_carries_a_leaderboard_for_every_task_and_each_dataset_card_
                              "zoo release refresh --leaderboards")
     folder, _ = hub.dataset_folder(TASK, tmp_path / "ds")
     assert leaderboard_url(TASK) in (folder / "README.md").read_text()
+
+
+# ---------------------------------------------------------------- released checkpoints scored fast, the same numbers
+def test_a_released_checkpoint_scores_its_jacobian_by_step_as_autograd_through_the_whole_forward():
+    """A zoo checkpoint in the open benchmark takes its recurrent model's fast path (passes sized by its state,
+    ∂ŷ/∂x_q from one `step`); an outside torch module of the same weights goes through autograd over the whole
+    forward in passes of 2,500 tasks. Same predictions and Jacobians, up to float32 rounding."""
+    from zoo.publishing.benchmark import checkpoint_candidate, sensitivities, torch_candidate
+
+    ckpt = zoo.load("lru-out-zucchet-icl")
+    task = ckpt.task
+    tokens = task.sample(300, seed=3).tokens
+    fast = checkpoint_candidate(ckpt)
+    slow = torch_candidate(ckpt.model, "the same weights", readout=ckpt.model.readout)
+    assert fast.zoo_model is ckpt.model and slow.zoo_model is None
+    by_step, method = sensitivities(fast, task, tokens, "auto")
+    autograd, _ = sensitivities(slow, task, tokens, "auto")
+    assert method == "autograd" and by_step.shape == (300, task.d_y, task.d_x)
+    scale = autograd.abs().max().item()
+    assert scale > 0.1 and (by_step - autograd).abs().max().item() <= 1e-5 * scale  # float32: ~1e-7 measured
+
+
+def test_passes_are_sized_by_the_state_and_change_predictions_by_rounding_at_most():
+    """`tasks_per_pass`: 2,500 tasks for a narrow state or attention; Mamba's 1,216 state floats a token over
+    21 tokens give passes of 128 (whole multiples of 64). Predictions in those passes equal one pass's to float32
+    rounding (bit for bit at 64·k for most families: PASS_STATE_FLOATS)."""
+    from zoo.science.evaluation import PASS_ALIGN, TASKS_PER_PASS, tasks_per_pass
+
+    mamba = zoo.load("mamba-nd")
+    assert tasks_per_pass(mamba.model, 21) == 128 and tasks_per_pass(mamba.model, 10**6) == PASS_ALIGN
+    assert tasks_per_pass(zoo.load("gated-rnn-zucchet-icl").model, 13) == TASKS_PER_PASS
+    assert tasks_per_pass(zoo.load("softmax-tf-1l-d10-c10").model, 11) == TASKS_PER_PASS  # attention: no state
+    assert tasks_per_pass(torch.nn.Linear(2, 2), 11) == TASKS_PER_PASS  # a plain module
+    tokens = mamba.task.sample(300, seed=4).tokens
+    with torch.no_grad():
+        whole = mamba.model.predict_query(tokens)
+        passes = torch.cat([mamba.model.predict_query(c) for c in tokens.split(128)])
+    assert (passes - whole).abs().max().item() <= 1e-5 * whole.abs().max().item()

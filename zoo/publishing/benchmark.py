@@ -79,6 +79,8 @@ from zoo.science.evaluation import (
     position_baselines,
     position_loss,
     predictions_and_sensitivities,
+    query_sensitivities,
+    tasks_per_pass,
 )
 from zoo.science.tasks.regression import (
     LinearRegressionTask,
@@ -378,6 +380,7 @@ class Candidate:
     differentiable: bool = False  # autograd reaches the tokens: sensitivities without finite differences
     check_inputs: Callable[[object], None] = field(default=lambda task: None)  # refuses a graph before it runs
     close: Callable[[], None] = field(default=lambda: None)  # ends what runs it (an outside graph's process)
+    zoo_model: object | None = None  # a zoo checkpoint's model: passes sized by its state, its Jacobian by `step`
 
 
 def _first_line(error: BaseException) -> str:
@@ -471,6 +474,7 @@ def checkpoint_candidate(ckpt, name: str | None = None) -> Candidate:
     candidate = torch_candidate(ckpt.model, name or ckpt.entry.name, readout=ckpt.model.readout)
     candidate.identity = {"kind": "zoo checkpoint", "name": candidate.name, "entry": ckpt.entry.name,
                           "sha256": candidate.identity["sha256"], "trust": ckpt.trust}
+    candidate.zoo_model = ckpt.model
     return candidate
 
 
@@ -642,8 +646,9 @@ def read_output(out: torch.Tensor, task, candidate: Candidate, batch: int) -> tu
 def predict(candidate: Candidate, task, tokens: torch.Tensor) -> Predictions:
     """The model's predictions on every task of `tokens`, run in chunks that bound memory."""
     queries, everys = [], []
+    size = TASKS_PER_PASS if candidate.zoo_model is None else tasks_per_pass(candidate.zoo_model, tokens.shape[1])
     with torch.no_grad():
-        for chunk in tokens.split(TASKS_PER_PASS):
+        for chunk in tokens.split(size):
             query, every = read_output(candidate.run(chunk), task, candidate, chunk.shape[0])
             queries.append(query.detach().double().cpu())
             everys.append(None if every is None else every.detach().double().cpu())
@@ -688,6 +693,10 @@ def sensitivities(candidate: Candidate, task, tokens: torch.Tensor, method: str)
         raise BenchmarkError(f"{candidate.name}: autograd does not reach its predictions from the tokens; "
                              "use sensitivity='finite differences'")
     query_model = _QueryModel(candidate, task)
+    if method == "autograd" and candidate.zoo_model is not None:  # a recurrent model's Jacobian is one `step`'s
+        model = candidate.zoo_model
+        tokens = tokens.to(next(model.parameters()))
+        return query_sensitivities(model, tokens, task.query_channels).double().cpu(), method
     if method == "autograd":
         return predictions_and_sensitivities(query_model, tokens, task.query_channels)[1].double().cpu(), method
     if method == "finite differences":

@@ -171,7 +171,7 @@ def paired_gd_measurement(ckpt, split=None) -> dict:
     the model's per-task losses is its card's test loss."""
     import torch
 
-    from zoo.science.evaluation import TASKS_PER_PASS, gd_reference
+    from zoo.science.evaluation import gd_reference, tasks_per_pass
     from zoo.science.tasks.frozen import load_split
     from zoo.science.tasks.regression import gd_predict
 
@@ -184,7 +184,8 @@ def paired_gd_measurement(ckpt, split=None) -> dict:
     param = next(model.parameters())
     with torch.no_grad():
         tokens = batch.tokens.to(device=param.device, dtype=param.dtype)
-        pred = torch.cat([model.predict_query(chunk) for chunk in tokens.split(TASKS_PER_PASS)]).double().cpu()
+        passes = tokens.split(tasks_per_pass(model, tokens.shape[1]))
+        pred = torch.cat([model.predict_query(chunk) for chunk in passes]).double().cpu()
         b64 = task.batch_from_arrays(batch.x.double(), batch.y.double())
         gd = gd_predict(b64, eta, ref.get("gd_steps", 1), ref.get("ridge", 0.0))
         target = b64.query_targets

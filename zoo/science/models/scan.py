@@ -39,16 +39,19 @@ def time_steps(x: torch.Tensor, like: torch.Tensor) -> list[torch.Tensor]:
     backward is one stack: indexing x[:, t] instead gives every step's gradient as a full-size
     (B, T, …) tensor, T of them (compiled, 2 threads, LRU forward + backward at 64 × 32 × 60:
     3.85 → 0.84 ms, benchmarks/scan_steps.py)."""
-    try:  # zip over the steps would otherwise cut a scan to the shorter of a and b, silently
-        broadcasts = torch.broadcast_shapes(x.shape, like.shape) == like.shape
-    except RuntimeError:
-        broadcasts = False
-    if not broadcasts:
+    # zip over the steps would otherwise cut a scan to the shorter of a and b, silently. (Checked here, not by
+    # torch.broadcast_shapes: its first call imports torch's symbolic-shapes machinery, 0.7 s of a `zoo eval`.)
+    if not _broadcasts_to(tuple(x.shape), tuple(like.shape)):
         raise ValueError(f"a of shape {tuple(x.shape)} does not broadcast to b's {tuple(like.shape)} (B, T, …)")
     x = x.reshape((1,) * (like.dim() - x.dim()) + tuple(x.shape))  # trailing axes line up, as broadcasting does
     if x.shape[1] == 1 or x.stride(1) == 0:
         return [x[:, 0]] * like.shape[1]
     return list(x.unbind(1))
+
+
+def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether a tensor of `shape` broadcasts to `target` unchanged (trailing axes aligned, each 1 or equal)."""
+    return len(shape) <= len(target) and all(n in (1, m) for n, m in zip(reversed(shape), reversed(target)))
 
 
 def sequential_scan(a: torch.Tensor, b: torch.Tensor, *, complex_pairs: bool = False,
