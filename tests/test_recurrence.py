@@ -5,7 +5,8 @@ them that the registry does not pin: deeper, looped, dense, windowed), in float6
     forward_chunk(tokens, state)     = step iterated from `state` (any state reached mid-stream)
     forward_chunk over two pieces    = forward_chunk over the whole, states carried
     the exported fp32 step graph     = step iterated, streamed through ONNX Runtime (two prompts token by
-                                       token, and a 1,000-token stream in pieces: one export per case)
+                                       token, and a 1,000-token stream: one export per family, layout and
+                                       kind of weights by default, per case with -m slow; `_onnx_cases`)
 
 and the state interface a model declares once (`state_shapes`) is what `init_state`, `step`,
 `check_state` and the graph's state inputs use. Longer streams and the chunk graph are in
@@ -58,6 +59,28 @@ def _recurrent_cases():
 RECURRENT = _recurrent_cases()
 
 
+def _graph_group(name: str, entry) -> tuple:
+    """Cases whose step graphs run the same family code on the same token layout: a family, a layout (pairs,
+    triples, products, interleaved, teacher–student) and trained or constructed weights. Each variant is its own."""
+    task = get_task_spec(entry.task).build()
+    return (name,) if "--" in name else (entry.arch.type, getattr(task, "layout", type(task).__name__), entry.source.kind)
+
+
+def _onnx_cases() -> list:
+    """The step-graph export and ONNX stream for one case per `_graph_group` by default (the one with the most
+    layers, then the most arch fields set: the most code exercised), every case with -m slow. An export takes
+    1–3 s; every released entry's shipped step graph also streams against torch in test_release.py."""
+    picked = {}
+    for name, entry in RECURRENT:
+        arch = entry.arch.model_dump()
+        rank = (arch.get("n_layers") or 1, sum(v not in (None, False, 0) for v in arch.values()))
+        group = _graph_group(name, entry)
+        if group not in picked or rank > picked[group][0]:
+            picked[group] = (rank, name)
+    chosen = {name for _, name in picked.values()}
+    return [pytest.param(entry, id=name, marks=() if name in chosen else pytest.mark.slow) for name, entry in RECURRENT]
+
+
 def model_for(entry):
     task = get_task_spec(entry.task).build()
     torch.manual_seed(0)
@@ -96,7 +119,14 @@ def test_every_recurrent_family_is_covered():
 
 
 @pytest.mark.parametrize("entry", [e for _, e in RECURRENT], ids=[n for n, _ in RECURRENT])
-def test_forward_equals_iterated_step_equals_onnx(entry, tmp_path):
+def test_forward_equals_iterated_step_and_chunks(entry):
+    """forward = step iterated = forward_chunk (from a carried state, in pieces), float64, for every case."""
+    torch_parity(entry)
+
+
+def torch_parity(entry):
+    """The state contract in torch (module docstring); returns (the model, now in fp32, its task, two prompts back
+    to back, the float64 step reference on them, the fp32 model's steps on them)."""
     model, task = model_for(entry)
     b = task.sample(6, seed=11, dtype=torch.float64)
     tokens = b.tokens.reshape(3, -1, task.token_dim)  # two prompts back to back: a stream of 2 n_tokens
@@ -121,6 +151,13 @@ def test_forward_equals_iterated_step_equals_onnx(entry, tmp_path):
         whole, _ = model.forward_chunk(tokens, None)
         close(whole, ref, "forward_chunk from None (the zero state) vs step")
         fp32 = stepped(model.float(), tokens.float(), model.init_state(3))[0].double()
+    return model, task, tokens, ref, fp32
+
+
+@pytest.mark.parametrize("entry", _onnx_cases())
+def test_the_step_graph_streams_as_the_model(entry, tmp_path):
+    """The fp32 step graph, streamed token by token through ONNX Runtime, against the float64 model."""
+    model, task, tokens, ref, fp32 = torch_parity(entry)
     # The step graph is the fp32 model, exported once per case: streamed token by token through ONNX Runtime
     # it is as close to the float64 reference as torch's own fp32 steps are (the constructed LSTM amplifies
     # fp32 rounding by 16/ε³, so the bound is relative to fp32 torch, with a floor for exact models) ...

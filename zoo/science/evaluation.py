@@ -64,9 +64,13 @@ def tasks_per_pass(model, n_tokens: int) -> int:
 def predictions_and_sensitivities(model, tokens: torch.Tensor, query_channels: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Query predictions (N, d_y) and their Jacobians w.r.t. x_query (N, d_y, d_x), in passes
     (`tasks_per_pass`); x_query is `tokens[:, -1, start:stop]`. The predictions are the full forward's."""
+    return query_predictions(model, tokens), query_sensitivities(model, tokens, query_channels)
+
+
+def query_predictions(model, tokens: torch.Tensor) -> torch.Tensor:
+    """The predictions at the query (N, d_y) of the full forward, in passes (`tasks_per_pass`)."""
     with torch.no_grad():
-        preds = torch.cat([model.predict_query(chunk) for chunk in tokens.split(tasks_per_pass(model, tokens.shape[1]))])
-    return preds, query_sensitivities(model, tokens, query_channels)
+        return torch.cat([model.predict_query(chunk) for chunk in tokens.split(tasks_per_pass(model, tokens.shape[1]))])
 
 
 def query_sensitivities(model, tokens: torch.Tensor, query_channels: tuple[int, int]) -> torch.Tensor:

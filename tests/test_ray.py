@@ -1,15 +1,18 @@
-"""The release builds through the one executor: a small release built on a local Ray cluster (a head with two
-worker processes, started here) gives the same index.json rows, file hashes included, as the local backend.
-The workers return each entry's files and this process ships them and writes the index."""
+"""The one executor on Ray: a small release built on a local Ray cluster (a head with two worker processes,
+started once for this module) gives the same index.json rows, file hashes included, as the local backend (the
+workers return each entry's files and this process ships them and writes the index); a sweep gives the local
+backend's rows."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from test_sweep import SPEC
 
 from zoo.publishing.release import build_release
 from zoo.running.executor import Backend
+from zoo.running.sweep import load_spec, run_sweep
 from zoo.storage.locate import INDEX_JSON
 
 ENTRIES = ["lsa-gd-zucchet-icl", "retention-gd-zucchet-icl"]  # constructed: deterministic, no training
@@ -40,3 +43,13 @@ def test_a_release_built_on_ray_has_the_local_rows(tmp_path, ray_cluster):
     for name in ENTRIES:  # the driver shipped each entry whole: no staging or work folder left
         assert sorted(p.name for p in (tmp_path / "ray" / name).iterdir()) == sorted(_rows(tmp_path / "local")[name]["files"])
     assert not [p for p in (tmp_path / "ray").iterdir() if p.name.startswith(".") and p.name != ".work"]
+
+
+def test_a_sweep_on_ray_has_the_local_rows(tmp_path, ray_cluster):
+    (tmp_path / "s.toml").write_text(SPEC)
+    spec = load_spec(tmp_path / "s.toml")
+    local = run_sweep(spec, tmp_path / "local", progress=False)
+    remote = run_sweep(spec, tmp_path / "ray", backend="ray")
+    assert [r["run"] for r in remote] == [r["run"] for r in local]
+    assert [r["test_loss"] for r in remote] == pytest.approx([r["test_loss"] for r in local], rel=1e-6)
+    assert ray_cluster.is_initialized()  # the sweep used this module's cluster and left it running
