@@ -82,6 +82,42 @@ class _SequenceGraph(torch.nn.Module):
         return self.model(tokens)
 
 
+# torch.onnx.export (dynamo) rebuilds its table of ATen → ONNX functions from onnxscript's torchlib on every call:
+# 0.7–1 s of CPU, up to half of a small model's export, and a build exports up to three graphs per entry. The table
+# depends only on its arguments (the opset), so a process builds it once and each export gets its own copy (a custom
+# translation table, which the zoo never passes, would change only that copy). The graphs are the same byte for
+# byte (tests/test_export.py). False: every export builds its own, as torch does.
+CACHE_TORCHLIB_TABLE = True
+_torchlib_tables: dict = {}
+
+
+@contextlib.contextmanager
+def _torchlib_table_built_once():
+    """Within the block, torch.onnx's ONNXRegistry.from_torchlib returns a copy of the table built on first use."""
+    try:
+        from torch.onnx._internal.exporter._registration import ONNXRegistry
+    except ImportError:  # another torch's layout: every export builds its own table
+        yield
+        return
+    original = ONNXRegistry.__dict__["from_torchlib"]
+    build = original.__func__
+
+    def from_torchlib(cls, *args, **kwargs):
+        key = (cls, args, tuple(sorted(kwargs.items())))
+        if key not in _torchlib_tables:
+            _torchlib_tables[key] = build(cls, *args, **kwargs)
+        table = _torchlib_tables[key]
+        registry = copy.copy(table)
+        registry.functions = {target: list(decomps) for target, decomps in table.functions.items()}
+        return registry
+
+    ONNXRegistry.from_torchlib = classmethod(from_torchlib)
+    try:
+        yield
+    finally:
+        ONNXRegistry.from_torchlib = original
+
+
 def _export(module, args, path: Path, input_names, output_names, dynamic_shapes) -> None:
     """torch.onnx.export of `module`, then `rewrite` (export/graph_rewrite.py) in place."""
     # The exporter reports progress on stdout and warns about unrelated registries; keep both
@@ -89,8 +125,9 @@ def _export(module, args, path: Path, input_names, output_names, dynamic_shapes)
     onnx_logger = logging.getLogger("torch.onnx")
     level = onnx_logger.level
     onnx_logger.setLevel(logging.ERROR)
+    table = _torchlib_table_built_once() if CACHE_TORCHLIB_TABLE else contextlib.nullcontext()
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), table:
             warnings.simplefilter("ignore")
             torch.onnx.export(
                 module, args, str(path), dynamo=True, opset_version=OPSET, input_names=input_names,

@@ -372,3 +372,19 @@ def test_streaming_refuses_a_tampered_graph_without_torch(tmp_path):
         f.write(b"\0")
     with pytest.raises(CheckpointError, match="model_chunk.onnx has SHA-256"):
         StreamingSession(tmp_path / "ckpt")
+
+
+def test_the_exporters_table_built_once_gives_the_same_graph_byte_for_byte(exported, tmp_path, monkeypatch):
+    """export/onnx_export.py builds torch.onnx's ATen → ONNX table once per process (CACHE_TORCHLIB_TABLE): the graph
+    is the one an export that builds its own table writes, byte for byte, and the table is torch's again after."""
+    from torch.onnx._internal.exporter._registration import ONNXRegistry
+
+    import export.onnx_export as onnx_export
+
+    entry = next(e for e in RECURRENT if e.name == STREAMED[0])
+    cached = exported(entry, "step").read_bytes()
+    assert onnx_export._torchlib_tables  # built on the module's exports, kept
+    assert ONNXRegistry.__dict__["from_torchlib"].__func__.__module__ != onnx_export.__name__  # restored after each
+    monkeypatch.setattr(onnx_export, "CACHE_TORCHLIB_TABLE", False)
+    model, _ = model_for(entry)
+    assert export_step(model, tmp_path / "own.onnx", entry_name=entry.name).read_bytes() == cached

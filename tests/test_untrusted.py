@@ -246,8 +246,9 @@ def test_the_same_build_gives_the_same_bytes(tmp_path):
     """Two processes, hash seeds and dict orders differing: this one, which has run other tests before (and
     exports through conftest's shared exporter table), and a fresh interpreter."""
     zoo.build("gated-rnn-teacher-d4", tmp_path / "a", progress=False)
-    code = "import sys, zoo; zoo.build('gated-rnn-teacher-d4', sys.argv[1], progress=False)"
-    subprocess.run([sys.executable, "-c", code, str(tmp_path / "b")], check=True, capture_output=True)
+    code = "import sys, torch, zoo; torch.set_num_threads(int(sys.argv[2])); zoo.build('gated-rnn-teacher-d4', sys.argv[1], progress=False)"
+    threads = str(torch.get_num_threads())  # as this process runs now (a release build before may have set it)
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "b"), threads], check=True, capture_output=True)
     a = {p.name: p.read_bytes() for p in (tmp_path / "a").iterdir() if p.is_file()}
     b = {p.name: p.read_bytes() for p in (tmp_path / "b").iterdir() if p.is_file()}
     assert a.keys() == b.keys() and all(a[k] == b[k] for k in a), [k for k in a if a[k] != b.get(k)]
