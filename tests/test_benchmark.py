@@ -377,3 +377,14 @@ def test_passes_are_sized_by_the_state_and_change_predictions_by_rounding_at_mos
         whole = mamba.model.predict_query(tokens)
         passes = torch.cat([mamba.model.predict_query(c) for c in tokens.split(128)])
     assert (passes - whole).abs().max().item() <= 1e-5 * whole.abs().max().item()
+
+
+@pytest.mark.parametrize("name", ["mamba-nd", "gated-rnn-teacher-d4"])
+def test_the_loss_alone_is_evaluates_test_loss_bit_for_bit(name):
+    """`loss_alone` (what test_release re-scores trained cards with) is `evaluate`'s `test_loss`, exactly: the same
+    predictions in the same passes, on a regression task and on a teacher–student one."""
+    from zoo.science.evaluation import evaluate, loss_alone
+
+    ckpt = zoo.load(name)
+    batch = ckpt.task.sample(300, seed=5)
+    assert loss_alone(ckpt.model, ckpt.task, batch) == evaluate(ckpt.model, ckpt.task, batch)["test_loss"]

@@ -168,3 +168,29 @@ def test_frozen_knows_no_registry():
 
     with pytest.raises(TypeError, match="spec"):
         frozen.load_split("zucchet-icl", "test")  # a name alone is not enough
+
+
+def test_a_cached_split_with_a_null_float_reads_as_nan_and_is_regenerated():
+    """A frozen split's float32 columns are read in place; a file with a null among them takes Arrow's converting
+    path instead (the null becomes NaN), so its hash is wrong: set aside, regenerated from the seed."""
+    import pyarrow as pa
+
+    split = load_split("zucchet-icl", "validation")
+    path = cache_dir() / "datasets" / "zucchet-icl" / "validation" / "data.parquet"
+    table = pq.read_table(path)
+    column = table.column("x").combine_chunks()
+    storage = column.storage if isinstance(column.type, pa.ExtensionType) else column
+    values = storage.flatten().flatten().to_numpy()
+    holed = pa.array(values, mask=np.arange(values.size) == 0)  # the first float of the first task: null
+    inner = pa.ListArray.from_arrays(storage.flatten().offsets, holed)
+    outer = pa.ListArray.from_arrays(storage.offsets, inner)
+    x = pa.ExtensionArray.from_storage(column.type, outer) if isinstance(column.type, pa.ExtensionType) else outer
+    pq.write_table(table.set_column(table.schema.get_field_index("x"), table.schema.field("x"), x), path)
+    read_x, read_y = read_parquet_arrays(path)
+    assert np.isnan(read_x[0, 0, 0]) and np.array_equal(read_x.reshape(-1)[1:], split.x.reshape(-1)[1:])
+    with pytest.warns(UserWarning, match="regenerated it from seed"):
+        healed = load_split("zucchet-icl", "validation")
+    assert healed.sha256 == split.sha256 and np.array_equal(healed.x, split.x)
+    aside = path.with_name(f"data.parquet.mismatch-{content_hash(read_x, read_y)[:12]}")
+    assert aside.is_file()  # nothing lost
+    aside.unlink()

@@ -19,7 +19,7 @@ import torch
 
 import zoo
 from zoo.publishing import hub, release
-from zoo.science.evaluation import evaluate_loss, query_predictions, rescore
+from zoo.science.evaluation import loss_alone, rescore
 from zoo.science.expected import PAIRED_KEYS, check, verdict
 from zoo.science.models import FAMILY_OF_TYPE
 from zoo.science.registry import RegistryError, default_registry
@@ -97,17 +97,6 @@ def _test_split(served, ckpt):
     return served["splits"][task]
 
 
-def card_loss(ckpt, split) -> float:
-    """A trained entry's card number, its test loss, computed as `rescore` computes it (the same predictions, in
-    the same passes), without the alignment metrics' Jacobians: half of a rescore's time, and what a card's
-    number needs. (The Jacobians of released checkpoints: test_benchmark.py, test_recurrence.py.)"""
-    task, batch = ckpt.task, split.batch(ckpt.task)
-    if not task.has_gd_reference:
-        return evaluate_loss(ckpt.model, task, batch)["test_loss"]
-    tokens = batch.tokens.to(next(ckpt.model.parameters()))
-    return task.loss(query_predictions(ckpt.model.eval(), tokens), batch.query_targets.to(tokens)).item()
-
-
 @pytest.mark.parametrize("name", RELEASED)
 def test_released_entry_pulls_rescores_and_streams(served, name):
     from huggingface_hub import snapshot_download
@@ -123,7 +112,8 @@ def test_released_entry_pulls_rescores_and_streams(served, name):
     # and float32 kernels: only the summation order can differ between machines (~1e-7 relative).
     split = _test_split(served, ckpt)
     constructed = ckpt.entry.source.kind == "constructed"
-    metrics = rescore(ckpt, split) if constructed else {"test_loss": card_loss(ckpt, split)}
+    # a trained entry's card number needs its loss alone (the Jacobians of released checkpoints: test_benchmark.py)
+    metrics = rescore(ckpt, split) if constructed else {"test_loss": loss_alone(ckpt.model, ckpt.task, split.batch(ckpt.task))}
     assert metrics["test_loss"] == pytest.approx(card["test_loss"], rel=RESCORE_REL.get(name, 1e-6), abs=1e-12)
     assert row["test_loss"] == card["test_loss"]
     assert f"{card['test_loss']:.6g}" in (folder / "README.md").read_text()

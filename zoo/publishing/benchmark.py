@@ -692,11 +692,11 @@ def sensitivities(candidate: Candidate, task, tokens: torch.Tensor, method: str)
     elif method == "autograd" and not differentiable:
         raise BenchmarkError(f"{candidate.name}: autograd does not reach its predictions from the tokens; "
                              "use sensitivity='finite differences'")
-    query_model = _QueryModel(candidate, task)
     if method == "autograd" and candidate.zoo_model is not None:  # a recurrent model's Jacobian is one `step`'s
         model = candidate.zoo_model
         tokens = tokens.to(next(model.parameters()))
         return query_sensitivities(model, tokens, task.query_channels).double().cpu(), method
+    query_model = _QueryModel(candidate, task)
     if method == "autograd":
         return predictions_and_sensitivities(query_model, tokens, task.query_channels)[1].double().cpu(), method
     if method == "finite differences":

@@ -139,6 +139,17 @@ def evaluate_loss(model, task, batch) -> dict:
     return {"test_loss": task.loss(pred, batch.targets.to(pred)).item(), "n_tasks": int(batch.tokens.shape[0])}
 
 
+def loss_alone(model, task, batch) -> float:
+    """`evaluate`'s `test_loss` of `model` on `batch` alone, computed as `evaluate` computes it (the same
+    predictions, in the same passes), without the GD references and the alignment metrics' Jacobians."""
+    if not task.has_gd_reference:
+        return evaluate_loss(model, task, batch)["test_loss"]
+    model.eval()
+    param = next(model.parameters())
+    tokens = batch.tokens.to(device=param.device, dtype=param.dtype)
+    return task.loss(query_predictions(model, tokens), batch.query_targets.to(tokens)).item()
+
+
 def float32_rounding(model, task, batch) -> float:
     """|loss in float32 − loss in float64| of `model`'s predictions on `batch`: how far float32 rounding alone moves
     this model's number (what a re-score through another float32 runtime, ONNX Runtime's kernels, can differ by).
