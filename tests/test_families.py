@@ -157,6 +157,24 @@ def test_softmax_transformer_mask(causal):
         model.predict(too_long)
 
 
+@pytest.mark.parametrize("positions", [False, True])
+def test_softmax_transformer_without_positions_reads_the_context_as_a_set(positions):
+    """Unmasked and without a position table (the blogpost-sized entries), each block is equivariant
+    to the tokens' order, so the query's prediction is the same for every order of the context
+    pairs: up to float64 rounding. With the table, the order matters (the test can fail)."""
+    torch.manual_seed(11)
+    arch = TransformerArch(type="softmax_transformer", width=16, n_layers=3, mlp=False, positions=positions)
+    model = create_model(arch, TASK).double()
+    assert (model.positions is None) == (not positions)
+    tokens = TASK.sample(4, seed=2, dtype=torch.float64).tokens  # (B, C + 1, d): context pairs, then the query
+    shuffled = torch.cat([tokens[:, torch.randperm(tokens.shape[1] - 1)], tokens[:, -1:]], dim=1)
+    moved = (model.predict(shuffled) - model.predict(tokens)).abs().max().item()
+    assert moved < 1e-12 if not positions else moved > 1e-6
+    torch.testing.assert_close(model.predict(tokens), model.readout(model(tokens)), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="max_len"):  # the prompt-length bound holds without the table too
+        model(torch.zeros(1, 300, TASK.token_dim, dtype=torch.float64))
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("n_layers, heads", [(1, 1), (2, 4)])
 @pytest.mark.parametrize("position", [-1, 4])

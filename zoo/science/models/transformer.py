@@ -6,6 +6,11 @@ the whole prompt), so it has no recurrent form.
     Attn(x)_t = W_o Σ_s softmax_s(q_tᵀ k_s / √d) v_s            (s ≤ t only with `causal`)
 
 Glossary: `embed` = E, `positions` = P (max_len × w), `blocks` = the L layers, `head` = W_out.
+
+Without positions (`positions=False`, P = 0) and unmasked, every block is equivariant to the order
+of the tokens, so the read-out at the query is a function of the query token and the *set* of
+context tokens: what in-context regression asks for, and the blogpost's parameter counts
+(attention and its layer norm alone, 16,768 a layer at width 64) leave no room for a table.
 """
 
 from __future__ import annotations
@@ -73,11 +78,12 @@ class SoftmaxTransformer(ZooModel):
     recurrent = False
 
     def __init__(self, d_in: int, d_out: int, readout: Readout, *, width: int = 64, n_layers: int = 1, heads: int = 1,
-                 mlp: bool = True, causal: bool = False, max_len: int = 256):
+                 mlp: bool = True, causal: bool = False, positions: bool = True, max_len: int = 256):
         super().__init__(d_in=d_in, d_out=d_out, readout=readout)
         self.causal = causal
+        self.max_len = max_len
         self.embed = nn.Linear(d_in, width)
-        self.positions = nn.Parameter(torch.randn(max_len, width) * 0.02)
+        self.positions = nn.Parameter(torch.randn(max_len, width) * 0.02) if positions else None
         self.blocks = nn.ModuleList(TransformerBlock(width, heads, mlp) for _ in range(n_layers))
         self.ln_out = nn.LayerNorm(width)
         self.head = nn.Linear(width, d_out)
@@ -85,9 +91,10 @@ class SoftmaxTransformer(ZooModel):
     def embed_positions(self, tokens: torch.Tensor) -> torch.Tensor:
         """x_0 = E s + P (B, T, w)."""
         T = tokens.shape[1]
-        if T > self.positions.shape[0]:
-            raise ValueError(f"sequence of {T} tokens is longer than max_len = {self.positions.shape[0]}")
-        return self.embed(tokens) + self.positions[:T]
+        if T > self.max_len:
+            raise ValueError(f"sequence of {T} tokens is longer than max_len = {self.max_len}")
+        x = self.embed(tokens)  # (B, T, w)
+        return x + self.positions[:T] if self.positions is not None else x
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed_positions(tokens)
@@ -123,13 +130,14 @@ class TransformerArch(Strict):
     heads: int = Field(1, ge=1)
     mlp: bool = True  # a GELU MLP after each attention
     causal: bool = False  # the regression prompt is unmasked in the blogpost setting
-    max_len: int = Field(256, gt=0)  # learned positions
+    positions: bool = True  # a learned position table P; without it (and unmasked) the model sees the prompt as a set
+    max_len: int = Field(256, gt=0)  # the longest prompt (the position table's rows, when there is one)
 
 
 def build(arch: TransformerArch, task) -> SoftmaxTransformer:
     return SoftmaxTransformer(
         d_in=task.token_dim, d_out=task.d_out, readout=task.readout, width=arch.width, n_layers=arch.n_layers,
-        heads=arch.heads, mlp=arch.mlp, causal=arch.causal, max_len=arch.max_len,
+        heads=arch.heads, mlp=arch.mlp, causal=arch.causal, positions=arch.positions, max_len=arch.max_len,
     )
 
 

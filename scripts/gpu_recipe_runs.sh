@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One device call (a 15-minute lease, one GPU) that runs, side by side, what the 2-core CPU cannot:
+#   - the blogpost-sized softmax transformers (softmax-tf-{1..5}l-d5-c10, 20k steps of batch 2,048 each;
+#     0.4–1.2 s a step on the CPU), released (seed 0) and as three seeds each (sweeps/figure-7-blogpost-size.toml);
+#   - lru-in-out-student-d6, the LRU In+Out student still short of its 1M-step recipe, released with
+#     --time-budget (the whole recipe if the GPU runs it in time; else as many steps as fit, said as such);
+#   - Blogpost Fig. 8 at D = 5 for 4 and 5 layers, 3 seeds (sweeps/figure-8-d5.toml);
+#   - Zucchet Fig. 5's LRU size grid, 3 seeds, 30k of the 300k recipe steps (sweeps/figure-5.toml).
+# Usage, from the repo root on the device machine:
+#   bash scripts/gpu_recipe_runs.sh SECONDS COMMIT
+# SECONDS bounds the whole call; COMMIT is the commit the tree was copied from (the copy has no .git; it goes
+# into every checkpoint's provenance). Carry .whl (pydantic and its needs as cp312 wheels) and .zoo-cache (frozen
+# splits, verified by hash on load). Everything comes back under $OUT: the release builds and the sweeps' finished
+# checkpoints (runs.tar.gz), each process's log, the device's name.
+set -u
+budget=${1:?seconds}; export ICL_ZOO_COMMIT=${2:?commit}; out=${OUT:?}
+RUNS=/tmp/gpu-runs
+export ICL_ZOO_CACHE=/tmp/zoo-cache MPLBACKEND=Agg PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+if [ -d .zoo-cache ]; then mkdir -p $ICL_ZOO_CACHE && cp -r .zoo-cache/. $ICL_ZOO_CACHE/; fi
+mkdir -p $RUNS
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c 'import torch, onnxruntime as o, pyarrow, pydantic; print("torch", torch.__version__, "onnxruntime", o.__version__, "pyarrow", pyarrow.__version__, "pydantic", pydantic.__version__)'
+  nproc; } 2>&1 | tee $out/device.txt
+
+start() { name=$1; shift; setsid nohup python3 -m zoo.cli "$@" > $RUNS/$name.log 2>&1 < /dev/null & }
+left=$((budget - SECONDS - 60))  # the LRU build stops itself inside the call, with a minute for its eval and export
+start release-softmax release build --only softmax-tf-1l-d5-c10 softmax-tf-2l-d5-c10 softmax-tf-3l-d5-c10 \
+  softmax-tf-4l-d5-c10 softmax-tf-5l-d5-c10 --root $RUNS/release-softmax --device cuda --force
+start release-lru release build --only lru-in-out-student-d6 --root $RUNS/release-lru --device cuda --force --time-budget $left
+start figure-7 sweep sweeps/figure-7-blogpost-size.toml --out $RUNS/figure-7-blogpost-size --quiet
+start figure-8 sweep sweeps/figure-8-d5.toml --ensemble --only lsa-4l-d10-c10 lsa-5l-d10-c10 --seeds 0 1 2 \
+  --out $RUNS/figure-8-d5-4l-5l --quiet
+start figure-5 sweep sweeps/figure-5.toml --ensemble --steps 30000 --seeds 0 1 2 --out $RUNS/figure-5-30k --quiet
+
+while [ $SECONDS -lt $((budget - 25)) ] && pgrep -f zoo.cli > /dev/null; do sleep 5; done
+echo "stopped waiting at ${SECONDS}s"; pkill -f zoo.cli; sleep 2
+nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+for f in $RUNS/*/.ensembles/*/train_state.json $RUNS/release-*/.work/*/train_state.json; do
+  [ -e "$f" ] && python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print(sys.argv[1], 'step', m['step'])" "$f"
+done
+for f in $RUNS/*.log; do echo "== $f"; tail -c 600 $f | tr "\r" "\n" | tail -n 4; cp $f $out/; done
+# the release folders whole (ONNX included, and an unfinished build's resumable state); the sweeps without ONNX
+(cd $RUNS && tar czf $out/release.tar.gz $(ls -d release-* 2>/dev/null))
+(cd $RUNS && tar czf $out/runs.tar.gz --exclude='*.log' --exclude='*.onnx' --exclude='release-*' .)
+ls -la $out; echo "done at ${SECONDS}s"
