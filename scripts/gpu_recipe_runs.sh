@@ -24,7 +24,7 @@ mkdir -p $RUNS
   nproc; } 2>&1 | tee $out/device.txt
 
 start() { name=$1; shift; setsid nohup python3 -m zoo.cli "$@" > $RUNS/$name.log 2>&1 < /dev/null & }
-left=$((budget - SECONDS - 60))  # the LRU build stops itself inside the call, with a minute for its eval and export
+left=$((budget - SECONDS - 90))  # the LRU build stops itself inside the call, with 90 s for its eval and export
 start release-softmax release build --only softmax-tf-1l-d5-c10 softmax-tf-2l-d5-c10 softmax-tf-3l-d5-c10 \
   softmax-tf-4l-d5-c10 softmax-tf-5l-d5-c10 --root $RUNS/release-softmax --device cuda --force
 start release-lru release build --only lru-in-out-student-d6 --root $RUNS/release-lru --device cuda --force --time-budget $left
