@@ -531,6 +531,8 @@ def release_counts(index: dict) -> dict:
         "short": [(r["entry"], r["steps"], r["recipe_steps"]) for r in short],
         "threads": {n: sum(1 for r in trained if r.get("threads") == n)
                     for n in sorted({r["threads"] for r in trained if isinstance(r.get("threads"), int)})},
+        "gpus": {name: sum(1 for r in trained if r.get("device") != "cpu" and (r.get("device_name") or "a GPU") == name)
+                 for name in sorted({r.get("device_name") or "a GPU" for r in trained if r.get("device") != "cpu"})},
         "departures": sum(1 for r in rows if r.get("deviations")),
         "meet": verdicts.count("meets"),
         "fall_short": verdicts.count("falls short"),
@@ -559,7 +561,8 @@ def release_summary(index: dict) -> str:
     against a reference the zoo computes (a closed form or a construction), with its claims and status."""
     c = release_counts(index)
     words = {1: "one thread", 2: "two threads"}
-    threads = ", ".join(f"{n} on {words.get(t, f'{t} threads')}" for t, n in c["threads"].items())
+    threads = ", ".join([*(f"{n} on {words.get(t, f'{t} threads')}" for t, n in c["threads"].items()),
+                         *(f"{n} on {'an' if name[0] in 'AEINOU' else 'a'} {name}" for name, n in c["gpus"].items())])
     short = "; ".join(f"`{name}` ({steps:,} of {recipe:,} steps)" for name, steps, recipe in c["short"])
     lines = [
         f"The release, [`release/INDEX.md`](../release/INDEX.md) ({c['version']}), holds {c['entries']} entries: "

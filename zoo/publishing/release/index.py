@@ -53,6 +53,7 @@ def index_row(name: str, folder: Path, *, build_seconds: float | None = None, st
         "steps": prov.get("steps"),
         "recipe_steps": entry.source.steps if entry.source.kind == "trained" else None,
         "device": prov.get("device"),
+        "device_name": prov.get("device_name"),  # the GPU's or the CPU's model, where the checkpoint records it
         "threads": prov.get("threads"),
         "seed": prov.get("seed"),
         "build_seconds": round(build_seconds, 1) if build_seconds is not None else None,
@@ -178,7 +179,8 @@ def index_markdown(index: dict) -> str:
     quotes = []
     for r in sorted(rows, key=lambda r: (r["paper_file"], r["entry"])):
         steps = f"{r['steps']:,} / {r['recipe_steps']:,}" if r["source"] == "trained" else "—"
-        device = r["device"] + (f" ({r['threads']} thr)" if r.get("threads") else "")
+        device = r["device"] + (f" ({r['threads']} thr)" if r.get("threads") else "") + \
+            (f" ({r['device_name']})" if r.get("device_name") and r["device"] != "cpu" else "")
         checks = "<br>".join(_check_cell(c) for c in r["checks"]) or "—"
         commit = r["commit"] or "unknown"
         commit = commit[:10] + ("-dirty" if "-dirty" in commit else "") + ("" if current.get(r["entry"], True) else " *stale*")
