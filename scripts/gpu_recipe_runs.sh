@@ -12,10 +12,16 @@
 # into every checkpoint's provenance). Carry .whl (pydantic and its needs as cp312 wheels) and .zoo-cache (frozen
 # splits, verified by hash on load). Everything comes back under $OUT: the release builds and the sweeps' finished
 # checkpoints (runs.tar.gz), each process's log, the device's name.
+# Two lessons of its first run (at ed3b43a, on an H100) are built in. The image has no `datasets`, which writes a
+# frozen split the first time it is built: every split the call needs is built before anything starts, and the
+# call stops there if one cannot be (carry .zoo-cache with them, or datasets and its needs as wheels); that run lost
+# its LRU, Fig. 5 and Fig. 8 processes to it. And the copy there holds a .git at an older commit, so provenance read
+# "<older>-dirty-<hash of the diff>": GIT_DIR points nowhere, and ICL_ZOO_COMMIT names the commit instead.
 set -u
 budget=${1:?seconds}; export ICL_ZOO_COMMIT=${2:?commit}; out=${OUT:?}
 RUNS=/tmp/gpu-runs
 export ICL_ZOO_CACHE=/tmp/zoo-cache MPLBACKEND=Agg PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1
+export GIT_DIR=/nonexistent  # provenance from ICL_ZOO_COMMIT, not from the copy's stale .git
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 if [ -d .zoo-cache ]; then mkdir -p $ICL_ZOO_CACHE && cp -r .zoo-cache/. $ICL_ZOO_CACHE/; fi
 mkdir -p $RUNS
@@ -23,6 +29,10 @@ mkdir -p $RUNS
   python3 -c 'import torch, onnxruntime as o, pyarrow, pydantic; print("torch", torch.__version__, "onnxruntime", o.__version__, "pyarrow", pyarrow.__version__, "pydantic", pydantic.__version__)'
   nproc; } 2>&1 | tee $out/device.txt
 
+# every frozen split of the runs below, built (or read from the carried cache) and hash-checked before anything trains
+python3 -m zoo.cli datasets verify linreg-d5-c10 teacher-student-d6 zucchet-icl > $out/datasets.log 2>&1 \
+  && python3 -c 'import datasets' 2>> $out/datasets.log \
+  || { echo "frozen splits not ready (see datasets.log): stopping before any run"; tail -n 5 $out/datasets.log; exit 2; }
 start() { name=$1; shift; setsid nohup python3 -m zoo.cli "$@" > $RUNS/$name.log 2>&1 < /dev/null & }
 left=$((budget - SECONDS - 90))  # the LRU build stops itself inside the call, with 90 s for its eval and export
 start release-softmax release build --only softmax-tf-1l-d5-c10 softmax-tf-2l-d5-c10 softmax-tf-3l-d5-c10 \
