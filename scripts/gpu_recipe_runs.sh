@@ -1,24 +1,29 @@
 #!/usr/bin/env bash
-# One device call (a 15-minute lease, one GPU) that runs, side by side, what the 2-core CPU cannot:
-#   - the blogpost-sized softmax transformers (softmax-tf-{1..5}l-d5-c10, 20k steps of batch 2,048 each;
-#     0.4–1.2 s a step on the CPU), released (seed 0) and as three seeds each (sweeps/figure-7-blogpost-size.toml);
-#   - lru-in-out-student-d6, the LRU In+Out student still short of its 1M-step recipe, released with
-#     --time-budget (the whole recipe if the GPU runs it in time; else as many steps as fit, said as such);
+# One device call (a 15-minute lease, one GPU) that runs, side by side, what the 2-core CPU cannot. Its first run
+# (at ed3b43a, one H100) released the blogpost-sized softmax transformers softmax-tf-{1..5}l-d5-c10 and seeds 0-2
+# of 1-4 of them (reports/blogpost-2024/figure-7.md). What it runs now, the rest of that list:
+#   - seeds 1-2 of the 5-layer blogpost-sized softmax transformer (sweeps/figure-7-blogpost-size.toml);
 #   - Blogpost Fig. 8 at D = 5 for 4 and 5 layers, 3 seeds (sweeps/figure-8-d5.toml);
-#   - Zucchet Fig. 5's LRU size grid, 3 seeds, 30k of the 300k recipe steps (sweeps/figure-5.toml).
+#   - Zucchet Fig. 5's LRU size grid, 3 seeds, 30k of the 300k recipe steps (sweeps/figure-5.toml);
+#   - an entry still short of its recipe, released with --time-budget (the whole recipe if the GPU runs it in
+#     time; else as many steps as fit, said as such): ENTRY (default lru-in-out-student-d6).
 # Usage, from the repo root on the device machine:
-#   bash scripts/gpu_recipe_runs.sh SECONDS COMMIT
-# SECONDS bounds the whole call; COMMIT is the commit the tree was copied from (the copy has no .git; it goes
-# into every checkpoint's provenance). Carry .whl (pydantic and its needs as cp312 wheels) and .zoo-cache (frozen
-# splits, verified by hash on load). Everything comes back under $OUT: the release builds and the sweeps' finished
-# checkpoints (runs.tar.gz), each process's log, the device's name.
+#   bash scripts/gpu_recipe_runs.sh SECONDS COMMIT [ENTRY]
+# SECONDS bounds the whole call; COMMIT is the commit the tree was copied from (it goes into every
+# checkpoint's provenance; commit first, so the tree is that commit). Carry .whl and .zoo-cache (frozen splits, verified by hash on load). .whl holds
+# the cp312 wheels the image lacks, from the repo root here: python3 -m pip download --no-deps --only-binary=:all:
+#   --python-version 3.12 --implementation cp --platform manylinux_2_17_x86_64 -d .whl pydantic==2.13.4
+#   pydantic_core==2.46.4 annotated-types==0.7.0 typing-inspection==0.4.2 typing_extensions==4.15.0 datasets==5.2.0
+#   dill==0.4.1 multiprocess==0.70.19 fsspec==2026.9.0
+# Everything comes back under $OUT: the release build (release.tar.gz), the sweeps' finished checkpoints
+# (runs.tar.gz), each process's log, the device's name.
 # Two lessons of its first run (at ed3b43a, on an H100) are built in. The image has no `datasets`, which writes a
 # frozen split the first time it is built: every split the call needs is built before anything starts, and the
 # call stops there if one cannot be (carry .zoo-cache with them, or datasets and its needs as wheels); that run lost
 # its LRU, Fig. 5 and Fig. 8 processes to it. And the copy there holds a .git at an older commit, so provenance read
 # "<older>-dirty-<hash of the diff>": GIT_DIR points nowhere, and ICL_ZOO_COMMIT names the commit instead.
 set -u
-budget=${1:?seconds}; export ICL_ZOO_COMMIT=${2:?commit}; out=${OUT:?}
+budget=${1:?seconds}; export ICL_ZOO_COMMIT=${2:?commit}; entry=${3:-lru-in-out-student-d6}; out=${OUT:?}
 RUNS=/tmp/gpu-runs
 export ICL_ZOO_CACHE=/tmp/zoo-cache MPLBACKEND=Agg PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1
 export GIT_DIR=/nonexistent  # provenance from ICL_ZOO_COMMIT, not from the copy's stale .git
@@ -34,11 +39,10 @@ python3 -m zoo.cli datasets verify linreg-d5-c10 teacher-student-d6 zucchet-icl 
   && python3 -c 'import datasets' 2>> $out/datasets.log \
   || { echo "frozen splits not ready (see datasets.log): stopping before any run"; tail -n 5 $out/datasets.log; exit 2; }
 start() { name=$1; shift; setsid nohup python3 -m zoo.cli "$@" > $RUNS/$name.log 2>&1 < /dev/null & }
-left=$((budget - SECONDS - 90))  # the LRU build stops itself inside the call, with 90 s for its eval and export
-start release-softmax release build --only softmax-tf-1l-d5-c10 softmax-tf-2l-d5-c10 softmax-tf-3l-d5-c10 \
-  softmax-tf-4l-d5-c10 softmax-tf-5l-d5-c10 --root $RUNS/release-softmax --device cuda --force
-start release-lru release build --only lru-in-out-student-d6 --root $RUNS/release-lru --device cuda --force --time-budget $left
-start figure-7 sweep sweeps/figure-7-blogpost-size.toml --out $RUNS/figure-7-blogpost-size --quiet
+left=$((budget - SECONDS - 90))  # the release build stops itself inside the call, with 90 s for its eval and export
+start release release build --only $entry --root $RUNS/release-$entry --device cuda --force --time-budget $left
+start figure-7 sweep sweeps/figure-7-blogpost-size.toml --only softmax-tf-5l-d5-c10 --seeds 1 2 \
+  --out $RUNS/figure-7-blogpost-size-5l --quiet
 start figure-8 sweep sweeps/figure-8-d5.toml --ensemble --only lsa-4l-d10-c10 lsa-5l-d10-c10 --seeds 0 1 2 \
   --out $RUNS/figure-8-d5-4l-5l --quiet
 start figure-5 sweep sweeps/figure-5.toml --ensemble --steps 30000 --seeds 0 1 2 --out $RUNS/figure-5-30k --quiet
