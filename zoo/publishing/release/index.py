@@ -53,7 +53,6 @@ def index_row(name: str, folder: Path, *, build_seconds: float | None = None, st
         "steps": prov.get("steps"),
         "recipe_steps": entry.source.steps if entry.source.kind == "trained" else None,
         "device": prov.get("device"),
-        "device_name": prov.get("device_name"),  # the GPU's or the CPU's model, where the checkpoint records it
         "threads": prov.get("threads"),
         "seed": prov.get("seed"),
         "build_seconds": round(build_seconds, 1) if build_seconds is not None else None,
@@ -70,6 +69,8 @@ def index_row(name: str, folder: Path, *, build_seconds: float | None = None, st
         "fingerprint": definition_sha256(config["entry"], config["task"]),  # what the weights were built from
         "files": {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file()},
     }
+    if prov.get("device_name"):  # the GPU's or the CPU's model, where the checkpoint records it (newer builds)
+        row["device_name"] = prov["device_name"]
     row["note"] = shortfall_note(row)
     return row
 
