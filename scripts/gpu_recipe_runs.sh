@@ -14,14 +14,19 @@
 # the cp312 wheels the image lacks, from the repo root here: python3 -m pip download --no-deps --only-binary=:all:
 #   --python-version 3.12 --implementation cp --platform manylinux_2_17_x86_64 -d .whl pydantic==2.13.4
 #   pydantic_core==2.46.4 annotated-types==0.7.0 typing-inspection==0.4.2 typing_extensions==4.15.0 datasets==5.2.0
-#   dill==0.4.1 multiprocess==0.70.19 fsspec==2026.9.0
+#   dill==0.4.1 multiprocess==0.70.19 fsspec==2026.9.0   (datasets' other needs, pandas, xxhash, pyyaml, tqdm,
+#   filelock and huggingface-hub, are in the image's package list: /work/.library/device/KINDS.md)
 # Everything comes back under $OUT: the release build (release.tar.gz), the sweeps' finished checkpoints
 # (runs.tar.gz), each process's log, the device's name.
 # Two lessons of its first run (at ed3b43a, on an H100) are built in. The image has no `datasets`, which writes a
 # frozen split the first time it is built: every split the call needs is built before anything starts, and the
 # call stops there if one cannot be (carry .zoo-cache with them, or datasets and its needs as wheels); that run lost
 # its LRU, Fig. 5 and Fig. 8 processes to it. And the copy there holds a .git at an older commit, so provenance read
-# "<older>-dirty-<hash of the diff>": GIT_DIR points nowhere, and ICL_ZOO_COMMIT names the commit instead.
+# "<older>-dirty-<hash of the diff>": GIT_DIR points nowhere, and ICL_ZOO_COMMIT names the commit instead. So
+# nothing there can tell a tree with uncommitted changes: commit first and pass that commit. A task variant's split
+# (Fig. 8's d_x = 5) has no name to build ahead; the preflight's `import datasets` is what it needs at run time.
+# Each call starts a bare machine: unfinished runs come back with their resumable state in runs.tar.gz (carry it
+# back under /tmp/gpu-runs by hand to resume them in a later call).
 set -u
 budget=${1:?seconds}; export ICL_ZOO_COMMIT=${2:?commit}; entry=${3:-lru-in-out-student-d6}; out=${OUT:?}
 RUNS=/tmp/gpu-runs

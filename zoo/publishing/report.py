@@ -531,8 +531,8 @@ def release_counts(index: dict) -> dict:
         "short": [(r["entry"], r["steps"], r["recipe_steps"]) for r in short],
         "threads": {n: sum(1 for r in trained if r.get("threads") == n)
                     for n in sorted({r["threads"] for r in trained if isinstance(r.get("threads"), int)})},
-        "gpus": {name: sum(1 for r in trained if r.get("device") != "cpu" and (r.get("device_name") or "a GPU") == name)
-                 for name in sorted({r.get("device_name") or "a GPU" for r in trained if r.get("device") != "cpu"})},
+        "gpus": {name: sum(1 for r in trained if r.get("device") != "cpu" and (r.get("device_name") or "GPU") == name)
+                 for name in sorted({r.get("device_name") or "GPU" for r in trained if r.get("device") != "cpu"})},
         "departures": sum(1 for r in rows if r.get("deviations")),
         "meet": verdicts.count("meets"),
         "fall_short": verdicts.count("falls short"),

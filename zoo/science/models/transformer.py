@@ -1,5 +1,5 @@
 """Softmax transformer in the Garg et al. / blogpost setting: GPT-2-style pre-norm blocks,
-one head, learned positions, and no causal mask on the regression prompt (every token sees
+one head, learned positions (optional), and no causal mask on the regression prompt (every token sees
 the whole prompt), so it has no recurrent form.
 
     x_0 = E s + P ;  x ← x + Attn(LN(x)) ;  x ← x + MLP(LN(x))  (L times) ;  out = W_out LN(x)
@@ -91,7 +91,7 @@ class SoftmaxTransformer(ZooModel):
     def embed_positions(self, tokens: torch.Tensor) -> torch.Tensor:
         """x_0 = E s + P (B, T, w)."""
         T = tokens.shape[1]
-        if T > self.max_len:
+        if self.positions is not None and T > self.max_len:  # without a table any length reads the same way
             raise ValueError(f"sequence of {T} tokens is longer than max_len = {self.max_len}")
         x = self.embed(tokens)  # (B, T, w)
         return x + self.positions[:T] if self.positions is not None else x
@@ -131,7 +131,7 @@ class TransformerArch(Strict):
     mlp: bool = True  # a GELU MLP after each attention
     causal: bool = False  # the regression prompt is unmasked in the blogpost setting
     positions: bool = True  # a learned position table P; without it (and unmasked) the model sees the prompt as a set
-    max_len: int = Field(256, gt=0)  # the longest prompt (the position table's rows, when there is one)
+    max_len: int = Field(256, gt=0)  # the position table's rows: the longest prompt it reads (none without a table)
 
 
 def build(arch: TransformerArch, task) -> SoftmaxTransformer:
@@ -146,8 +146,8 @@ FAMILY = Family(
     arch=TransformerArch,
     build=build,
     card="""
-A GPT-2-style softmax transformer (pre-norm blocks, learned positions, no causal mask on the
-regression prompt), the blogpost's baseline: its memory grows with the prompt, so it has no
+A GPT-2-style softmax transformer (pre-norm blocks, learned positions unless `positions=False`,
+no causal mask on the regression prompt), the blogpost's baseline: its memory grows with the prompt, so it has no
 recurrent form and no step graph.
 """,
 )
