@@ -3,7 +3,6 @@
 # (at ed3b43a, one H100) released the blogpost-sized softmax transformers softmax-tf-{1..5}l-d5-c10 and seeds 0-2
 # of 1-4 of them (reports/blogpost-2024/figure-7.md). What it runs now, the rest of that list:
 #   - seeds 1-2 of the 5-layer blogpost-sized softmax transformer (sweeps/figure-7-blogpost-size.toml);
-#   - Blogpost Fig. 8 at D = 5 for 4 and 5 layers, 3 seeds (sweeps/figure-8-d5.toml);
 #   - Zucchet Fig. 5's LRU size grid, 3 seeds, 30k of the 300k recipe steps (sweeps/figure-5.toml);
 #   - an entry still short of its recipe, released with --time-budget (the whole recipe if the GPU runs it in
 #     time; else as many steps as fit, said as such): ENTRY (default lru-in-out-student-d6).
@@ -21,10 +20,10 @@
 # Two lessons of its first run (at ed3b43a, on an H100) are built in. The image has no `datasets`, which writes a
 # frozen split the first time it is built: every split the call needs is built before anything starts, and the
 # call stops there if one cannot be (carry .zoo-cache with them, or datasets and its needs as wheels); that run lost
-# its LRU, Fig. 5 and Fig. 8 processes to it. And the copy there holds a .git at an older commit, so provenance read
+# its LRU, Fig. 5 and Fig. 8 processes to it (Fig. 8 has since run on the CPU). And the copy there holds a .git at an older commit, so provenance read
 # "<older>-dirty-<hash of the diff>": GIT_DIR points nowhere, and ICL_ZOO_COMMIT names the commit instead. So
 # nothing there can tell a tree with uncommitted changes: commit first and pass that commit. A task variant's split
-# (Fig. 8's d_x = 5) has no name to build ahead; the preflight's `import datasets` is what it needs at run time.
+# (a --set task.d_x override) has no name to build ahead; the preflight's `import datasets` is what it needs at run time.
 # Each call starts a bare machine: unfinished runs come back with their resumable state in runs.tar.gz (carry it
 # back under /tmp/gpu-runs by hand to resume them in a later call).
 set -u
@@ -48,8 +47,6 @@ left=$((budget - SECONDS - 90))  # the release build stops itself inside the cal
 start release release build --only $entry --root $RUNS/release-$entry --device cuda --force --time-budget $left
 start figure-7 sweep sweeps/figure-7-blogpost-size.toml --only softmax-tf-5l-d5-c10 --seeds 1 2 \
   --out $RUNS/figure-7-blogpost-size-5l --quiet
-start figure-8 sweep sweeps/figure-8-d5.toml --ensemble --only lsa-4l-d10-c10 lsa-5l-d10-c10 --seeds 0 1 2 \
-  --out $RUNS/figure-8-d5-4l-5l --quiet
 start figure-5 sweep sweeps/figure-5.toml --ensemble --steps 30000 --seeds 0 1 2 --out $RUNS/figure-5-30k --quiet
 
 while [ $SECONDS -lt $((budget - 25)) ] && pgrep -f zoo.cli > /dev/null; do sleep 5; done
