@@ -21,6 +21,7 @@ import json
 import math
 import re
 import statistics
+from collections import Counter
 from pathlib import Path
 
 from zoo.science import metrics
@@ -531,8 +532,7 @@ def release_counts(index: dict) -> dict:
         "short": [(r["entry"], r["steps"], r["recipe_steps"]) for r in short],
         "threads": {n: sum(1 for r in trained if r.get("threads") == n)
                     for n in sorted({r["threads"] for r in trained if isinstance(r.get("threads"), int)})},
-        "gpus": {name: sum(1 for r in trained if r.get("device") != "cpu" and (r.get("device_name") or "GPU") == name)
-                 for name in sorted({r.get("device_name") or "GPU" for r in trained if r.get("device") != "cpu"})},
+        "gpus": dict(sorted(Counter(r.get("device_name") or "GPU" for r in trained if r.get("device") != "cpu").items())),
         "departures": sum(1 for r in rows if r.get("deviations")),
         "meet": verdicts.count("meets"),
         "fall_short": verdicts.count("falls short"),
