@@ -88,12 +88,19 @@ def _registered(entry):
     return registry.default_registry().entries[entry.name] if _is_registered(entry) else entry
 
 
+def device_words(record: dict) -> str:
+    """The device a run used, with the accelerator's name where one was recorded: "cuda (NVIDIA H100 80GB HBM3)".
+    A CPU stays "cpu" (its model is in the record, not in the words)."""
+    name, device = record.get("device_name"), f"{record.get('device')}"
+    return device + (f" ({name})" if name and device != "cpu" else "")
+
+
 def run_line(ckpt) -> str:
     """One sentence on how the weights came to be, saying plainly when a run is shorter than its recipe."""
     src, p = ckpt.entry.source, ckpt.provenance
     if src.kind == "constructed":
         return "Constructed analytically, no training: the weights are the construction itself."
-    steps, where = p.get("steps"), f"{p.get('device')}" + (f", {p['threads']} thread(s)" if p.get("threads") else "")
+    steps, where = p.get("steps"), device_words(p) + (f", {p['threads']} thread(s)" if p.get("threads") else "")
     if steps is not None and steps < src.steps:
         line = (f"**A shorter run than the paper's recipe:** trained {steps:,} of the recipe's {src.steps:,} steps on {where} "
                 f"(seed {p.get('seed')}). The numbers on this card are this run's, not the recipe's.")
@@ -247,7 +254,7 @@ def summarize_source(ckpt) -> str:
         extra = ", ".join(f"{k} = {v:.6g}" if isinstance(v, float) else f"{k} = {v}" for k, v in (ckpt.construction or {}).items())
         return f"constructed (`{src.construction}`; {extra})"
     p = ckpt.provenance
-    summary = (f"trained for {p.get('steps')} steps on {p.get('device')} (seed {p.get('seed')}): {'AdamW' if src.optimizer == 'adamw' else 'Adam + L2'} lr {src.lr:g}"
+    summary = (f"trained for {p.get('steps')} steps on {device_words(p)} (seed {p.get('seed')}): {'AdamW' if src.optimizer == 'adamw' else 'Adam + L2'} lr {src.lr:g}"
                f" ({src.schedule}), batch {src.batch_size}, weight decay {src.weight_decay:g}; fresh tasks every step")
     if src.init:
         summary += (f"; started from the `{src.init}` construction (η = {(ckpt.construction or {}).get('eta', 0):.6g})"

@@ -24,6 +24,7 @@ from zoo.science.expected import (
 from zoo.science.models import FAMILY_OF_TYPE
 from zoo.science.registry import default_registry, definition_sha256, get_entry, unknown_entry_error
 from zoo.storage import locate
+from zoo.storage.card import device_words
 from zoo.storage.checkpoint import read_checkpoint
 from zoo.storage.locate import INDEX_JSON, INDEX_MD, ReleaseError, verify_folder
 from zoo.storage.manifest import CONFIG, CheckpointError, sha256_file, verify_files
@@ -80,7 +81,7 @@ def run_summary(row: dict) -> str:
     if row["source"] != "trained":
         return "constructed analytically (no training)"
     short = row["steps"] < row["recipe_steps"]
-    return (f"trained {row['steps']:,} of the recipe's {row['recipe_steps']:,} steps on {row['device']}"
+    return (f"trained {row['steps']:,} of the recipe's {row['recipe_steps']:,} steps on {device_words(row)}"
             + (" — a shorter run than the paper's recipe" if short else " (the full recipe)"))
 
 
@@ -94,7 +95,7 @@ def shortfall_note(row: dict) -> str:
     if row.get("gd_loss") and row.get("test_loss") is not None:
         gap = f"test loss {100 * (row['test_loss'] / row['gd_loss'] - 1):+.1f}% vs {row.get('gd_steps') or 1}-step GD"
     if short_run:
-        run = (f"shorter run: {row['steps']:,} of the recipe's {row['recipe_steps']:,} steps on {row['device']}; "
+        run = (f"shorter run: {row['steps']:,} of the recipe's {row['recipe_steps']:,} steps on {device_words(row)}; "
                f"the recipe-length run is `zoo release build --only {row['entry']} --force` on a GPU")
         return "; ".join(x for x in (gap, run) if x)
     return gap
@@ -180,8 +181,7 @@ def index_markdown(index: dict) -> str:
     quotes = []
     for r in sorted(rows, key=lambda r: (r["paper_file"], r["entry"])):
         steps = f"{r['steps']:,} / {r['recipe_steps']:,}" if r["source"] == "trained" else "—"
-        device = r["device"] + (f" ({r['threads']} thr)" if r.get("threads") else "") + \
-            (f" ({r['device_name']})" if r.get("device_name") and r["device"] != "cpu" else "")
+        device = device_words(r) + (f" ({r['threads']} thr)" if r.get("threads") else "")
         checks = "<br>".join(_check_cell(c) for c in r["checks"]) or "—"
         commit = r["commit"] or "unknown"
         commit = commit[:10] + ("-dirty" if "-dirty" in commit else "") + ("" if current.get(r["entry"], True) else " *stale*")
