@@ -369,6 +369,10 @@ def test_claims_are_checked_as_what_they_are():
     assert (c.status, c.meets) == ("meets", True) and verdict([c]) == "meets"
     (c,) = check(bound, {"test_loss": 0.0})  # no log-scale comparison: not checkable, not a pass
     assert c.status == "not checkable" and not c.meets and verdict([c]) == "meets where checkable"
+    score = entry(q_score=Expected(value=2.06e-10, kind="at_most", **paper))  # 1 − R², no margin
+    (c,) = check(score, {"q_score": 0.0})  # a blind score's 0 (≥ 14 neurons at d = 4) is no pass
+    assert c.status == "not checkable" and not c.meets
+    assert check(score, {"q_score": 1e-10})[0].meets and not check(score, {"q_score": 1e-9})[0].meets
     ref = entry(test_loss=Expected(value=0.825, rel_tol=0.03, source="reference", note="closed form"))
     (c,) = check(ref, {"test_loss": 0.9})
     assert c.status == "differs from the reference" and verdict([c]) == "differs from the reference"

@@ -18,8 +18,8 @@ and a kind of claim:
   the difference lies within ±(the paper's gap + 2 s.e.) A checkpoint's eval_results.json does not hold the paired
   difference: `paired_gd_measurement` computes it from the frozen test split.
 
-A claim that cannot be measured (no such metric; a non-positive number on a log scale) is **not
-checkable**. The release index, the model cards and tests/test_release.py all call `check`, so a
+A claim that cannot be measured (no such metric; a non-positive number on a log scale; a score that is blind,
+`BLIND_AT_ZERO`) is **not checkable**. The release index, the model cards and tests/test_release.py all call `check`, so a
 claim means the same thing everywhere.
 """
 
@@ -35,6 +35,9 @@ LABELS = {  # status → what a card and the index say
     (None, True): "matches the stated value", (None, False): "differs from the stated value",
 }
 NOT_CHECKABLE = "not checkable"
+# Table 1's scores are 1 − R² of a regression on quadratics of the input: exactly 0 when a neuron group spans every
+# quadratic, whatever the neurons encode (zoo/science/models/gated_rnn.py kv_q_scores), so a 0 says nothing
+BLIND_AT_ZERO = ("kv_score", "q_score")
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,10 @@ def _one(key: str, exp, metrics: dict) -> Check:
                                      f"over {metrics.get('gd_paired_n', '?')} tasks")
 
     m = metric_value(key, metrics)
+    if key in BLIND_AT_ZERO and m is not None and m <= 0:
+        tol = (f"×{10 ** exp.log10_tol:g} margin" if exp.log10_tol is not None
+               else f"{100 * exp.rel_tol:g}% margin" if exp.rel_tol else "no margin")
+        return make(tol, m, None, f"measured {m:g}: the neurons span every quadratic, so the score cannot tell")
     if exp.log10_tol is not None:
         margin = f"×{10 ** exp.log10_tol:g}"
         tol = {"within": f"×/÷ {10 ** exp.log10_tol:g}"}.get(exp.kind, f"{margin} margin")
