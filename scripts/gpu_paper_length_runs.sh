@@ -44,9 +44,7 @@ lease)
   sleep 20
   while [ $SECONDS -lt $((budget - 30)) ] && running sweep; do sleep 5; done
   echo "table 2 sweep ended or stopped at ${SECONDS}s"
-  left=$((budget - SECONDS - 170))
-  if [ $left -gt 60 ]; then start release-lru "zoo release build --only lru-in-out-student-d6 --root $RUNS/release-lru --force --device ${DEVICE:-cuda} --time-budget $left"; fi
-  sleep 10
+  # (lru-in-out-student-d6, once built here in the time left, has run its whole recipe on the CPU)
   while [ $SECONDS -lt $((budget - 30)) ] && running release; do sleep 5; done
   pkill -f zoo.cli; sleep 3
   for f in $RUNS/*/.ensembles/*/train_state.json; do [ -e "$f" ] && python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print(sys.argv[1], m['step'])" "$f"; done
@@ -74,7 +72,6 @@ launch)
                     zoo sweep sweeps/figure-7-8.toml --out $RUNS/figure-7-8 --quiet;
                     zoo sweep sweeps/figure-14-16.toml --out $RUNS/figure-14-16 --quiet"
   start figure-2c  "for f in 2 10 20; do zoo sweep sweeps/gd-ssm-nd-feature-dim.toml --seeds 0 1 2 3 4 --set task.d_x=\$f --set task.d_y=\$f --set arch.value_dim=\$f --set arch.key_dim=\$f --out $RUNS/figure-2c --quiet; done"
-  start figure-1c  "for f in 2 5 10 20; do zoo sweep sweeps/gd-ssm-feature-dim-paper.toml --seeds 0 1 2 3 4 --set task.d_x=\$f --set task.n_context=\$f --out $RUNS/figure-1c-paper --quiet; done"
   sleep ${2:-60}; tail -n 3 $RUNS/*.log
   ;;
 status)

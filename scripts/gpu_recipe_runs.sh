@@ -5,7 +5,8 @@
 #   - seeds 1-2 of the 5-layer blogpost-sized softmax transformer (sweeps/figure-7-blogpost-size.toml);
 #   - Zucchet Fig. 5's LRU size grid, 3 seeds, 30k of the 300k recipe steps (sweeps/figure-5.toml);
 #   - an entry still short of its recipe, released with --time-budget (the whole recipe if the GPU runs it in
-#     time; else as many steps as fit, said as such): ENTRY (default lru-in-out-student-d6).
+#     time; else as many steps as fit, said as such): ENTRY (default gru-student-d6; lru-in-out-student-d6 has
+#     since run its whole recipe on the CPU).
 # Usage, from the repo root on the device machine:
 #   bash scripts/gpu_recipe_runs.sh SECONDS COMMIT [ENTRY]
 # SECONDS bounds the whole call; COMMIT is the commit the tree was copied from (it goes into every
@@ -27,7 +28,7 @@
 # Each call starts a bare machine: unfinished runs come back with their resumable state in runs.tar.gz (carry it
 # back under /tmp/gpu-runs by hand to resume them in a later call).
 set -u
-budget=${1:?seconds}; export ICL_ZOO_COMMIT=${2:?commit}; entry=${3:-lru-in-out-student-d6}; out=${OUT:?}
+budget=${1:?seconds}; export ICL_ZOO_COMMIT=${2:?commit}; entry=${3:-gru-student-d6}; out=${OUT:?}
 RUNS=/tmp/gpu-runs
 export ICL_ZOO_CACHE=/tmp/zoo-cache MPLBACKEND=Agg PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1
 export GIT_DIR=/nonexistent  # provenance from ICL_ZOO_COMMIT, not from the copy's stale .git
