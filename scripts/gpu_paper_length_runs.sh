@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# Paper-length versions of results that so far ran only short on a 2-core CPU (none of this has run
-# yet): teacher-student d = 4 at 1M steps with the paper's ν lr and with 10× it (reports/zucchet-2023/table-1.md),
-# Table 2 with four seeds at the paper's own recipe (the -b1 entry, AdamW; table-2.md), Figure 5 over the full size grid (figure-5.md), the context-size
-# rows (reports/blogpost-2024/figure-9.md), the GD-SSM baselines, feature dimension and sine waves
-# (reports/sushma-tian-2024/), Sushma's Figures 1.C (N = N_x) and 2.C (n_o = f) at the paper's recipe, Zucchet's
-# Figures 3.A, 3.B below 16 neurons and 4.A (sweeps/figure-3a.toml, figure-3b-small.toml, figure-4a.toml), and the blogpost's depth sweeps of
-# Figures 7–8 and 14–16, and Figures 9–10 at C = 100 (D = 5; under 3.3 steps/s on the CPU).
+# Paper-length versions of results that ran only short on a 2-core CPU: teacher-student d = 4 at 1M steps with the
+# paper's ν lr and with 10× it (reports/zucchet-2023/table-1.md), Table 2 with four seeds at the paper's own recipe
+# (the -b1 entry, AdamW; table-2.md: its `lease` stage has run, on an H200), Figure 5 over the full size grid
+# (figure-5.md), the context-size rows (reports/blogpost-2024/figure-9.md), the GD-SSM baselines, feature dimension
+# and sine waves (reports/sushma-tian-2024/), Sushma's Figure 2.C (n_o = f) at the paper's recipe, Zucchet's
+# Figures 3.A, 3.B below 16 neurons and 4.A (sweeps/figure-3a.toml, figure-3b-small.toml, figure-4a.toml), the
+# blogpost's depth sweeps of Figures 7–8 and 14–16, and Figure 10 at C = 100 (D = 5). Sushma's Figure 1.C at
+# N = N_x, Figure 9 at C = 100 and the LRU In+Out student have since run on the CPU.
 # From the repo root, stage by stage:
 #   lease SECONDS COMMIT  one device call of at most SECONDS (a 15-minute lease): benchmarks/streaming_gpu.py
 #             (1,024 streams on CUDA), Table 2 at the paper's recipe (4 seeds, 300k steps), the GRU d = 6
-#             student's release build beside it and the LRU In+Out one if Table 2 ends early (both with
-#             --time-budget); everything comes back under $OUT (unfinished runs with their resumable state).
+#             student's release build beside it (with --time-budget); everything comes back under $OUT (unfinished runs with their resumable state).
 #             COMMIT is the commit the tree was copied from (the copy has no .git; it goes in provenance).
 #             Carry .whl (pydantic and its needs) and .zoo-cache (the frozen splits, verified by hash on load).
 #   launch    the sweep processes in the background (setsid), logs in /tmp/gpu-runs

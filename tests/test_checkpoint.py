@@ -169,3 +169,16 @@ def test_save_checkpoint_writes_exactly_the_released_files(tmp_path, monkeypatch
     assert "library_name: icl-zoo" in (out / "README.md").read_text()
     assert zoo.load(out).metrics == ckpt.metrics
     assert Checkpoint.from_pretrained(str(out)).metrics == ckpt.metrics  # the huggingface_hub way in
+
+
+def test_a_pinned_commit_is_what_later_checkpoints_record(monkeypatch):
+    """A training command pins the commit it started from: a commit made while it trains does not relabel it."""
+    from zoo.storage import checkpoint as ck
+
+    monkeypatch.setattr(ck, "_PINNED_COMMIT", None)
+    monkeypatch.setattr(ck, "git_commit", lambda: "a" * 40)
+    assert ck.pin_source_commit() == "a" * 40
+    monkeypatch.setattr(ck, "git_commit", lambda: "b" * 40 + "-dirty-0123456789ab")  # the tree moved on mid-run
+    assert ck.provenance(0, 10, "cpu", {})["git_commit"] == "a" * 40
+    monkeypatch.setattr(ck, "_PINNED_COMMIT", None)  # a process that pinned nothing reads the tree at save time
+    assert ck.provenance(0, 10, "cpu", {})["git_commit"] == "b" * 40 + "-dirty-0123456789ab"

@@ -97,7 +97,7 @@ def test_release_counts_of_a_small_index():
         row("d", "trained", 10, 10, ["d"], [{**ref, "source": "paper"}], "falls short"))}}
     c = release_counts(index)
     assert (c["entries"], c["trained"], c["constructed"], c["full_recipe"]) == (4, 3, 1, 2)
-    assert c["short"] == [("b", 50, 100)] and c["threads"] == {1: 2, 2: 1}
+    assert c["short"] == [("b", 50, 100)] and c["threads"] == {1: 1, 2: 1}  # the full-recipe runs only: a and d
     assert (c["departures"], c["fall_short"], c["match_reference"], c["no_expected"]) == (2, 1, 1, 2)
     text = release_summary(index)
     assert "`b` (50 of 100 steps)" in text and "| `c` | constructed | — | test_loss: 0.5 (±3%) → 0.49 |" in text

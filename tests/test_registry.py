@@ -370,9 +370,13 @@ def test_claims_are_checked_as_what_they_are():
     (c,) = check(bound, {"test_loss": 0.0})  # no log-scale comparison: not checkable, not a pass
     assert c.status == "not checkable" and not c.meets and verdict([c]) == "meets where checkable"
     score = entry(q_score=Expected(value=2.06e-10, kind="at_most", **paper))  # 1 − R², no margin
-    (c,) = check(score, {"q_score": 0.0})  # a blind score's 0 (≥ 14 neurons at d = 4) is no pass
+    (c,) = check(score, {"q_score": 0.0})  # a blind score's 0 (an older evaluation: no span recorded) is no pass
     assert c.status == "not checkable" and not c.meets
-    assert check(score, {"q_score": 1e-10})[0].meets and not check(score, {"q_score": 1e-9})[0].meets
+    blind = {"forget_neurons": 30, "score_span": 14}  # 30 neurons span all 14 quadratics at d = 4: blind
+    assert check(score, {"q_score": 1e-13, **blind})[0].status == "not checkable"  # rounding noise is no pass either
+    small = {"forget_neurons": 4, "score_span": 14}  # the paper's 4 query neurons: the score can tell
+    assert check(score, {"q_score": 0.0, **small})[0].meets and check(score, {"q_score": 1e-10, **small})[0].meets
+    assert not check(score, {"q_score": 1e-9, **small})[0].meets
     ref = entry(test_loss=Expected(value=0.825, rel_tol=0.03, source="reference", note="closed form"))
     (c,) = check(ref, {"test_loss": 0.9})
     assert c.status == "differs from the reference" and verdict([c]) == "differs from the reference"

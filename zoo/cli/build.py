@@ -15,11 +15,14 @@ TRACK_ALIGNMENT_HELP = ("record the prediction and sensitivity L2 errors and the
 
 
 def training_process() -> None:
-    """A command that trains flushes denormals before torch starts its threads (zoo/running/train.py)."""
+    """A command that trains flushes denormals before torch starts its threads (zoo/running/train.py), and pins
+    the source commit its checkpoints record to the tree it started from (zoo.storage.checkpoint.pin_source_commit)."""
     # deferred: imports torch
     from zoo.running.train import flush_denormals_in_this_process
+    from zoo.storage.checkpoint import pin_source_commit
 
     flush_denormals_in_this_process()
+    pin_source_commit()
 
 
 def cmd_build(args) -> int:

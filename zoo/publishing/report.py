@@ -523,6 +523,7 @@ def release_counts(index: dict) -> dict:
     short = sorted((r for r in trained if isinstance(r.get("steps"), int) and isinstance(r.get("recipe_steps"), int)
                     and r["steps"] < r["recipe_steps"]), key=lambda r: r["entry"])
     verdicts = [r["verdict"] for r in rows]
+    full = [r for r in trained if r not in short]  # what ran the whole recipe, by where it ran
     return {
         "version": index.get("version", ""),
         "entries": len(rows),
@@ -530,9 +531,10 @@ def release_counts(index: dict) -> dict:
         "constructed": len(rows) - len(trained),
         "full_recipe": len(trained) - len(short),
         "short": [(r["entry"], r["steps"], r["recipe_steps"]) for r in short],
-        "threads": {n: sum(1 for r in trained if r.get("threads") == n)
-                    for n in sorted({r["threads"] for r in trained if isinstance(r.get("threads"), int)})},
-        "gpus": dict(sorted(Counter(r.get("device_name") or "GPU" for r in trained if r.get("device") != "cpu").items())),
+        "threads": {n: sum(1 for r in full if r.get("threads") == n and r.get("device", "cpu") == "cpu")
+                    for n in sorted({r["threads"] for r in full if isinstance(r.get("threads"), int)})},
+        "gpus": dict(sorted(Counter(r.get("device_name") or "GPU" for r in full
+                                    if r.get("device", "cpu") != "cpu").items())),
         "departures": sum(1 for r in rows if r.get("deviations")),
         "meet": verdicts.count("meets"),
         "fall_short": verdicts.count("falls short"),
@@ -568,7 +570,8 @@ def release_summary(index: dict) -> str:
         f"The release, [`release/INDEX.md`](../release/INDEX.md) ({c['version']}), holds {c['entries']} entries: "
         f"{c['trained']} trained and {c['constructed']} constructed. {c['full_recipe']} of the {c['trained']} trained "
         f"entries ran their full recipe" + (f" ({threads})" if threads else "") + "; "
-        + (f"the other {len(c['short'])} hold shorter runs, said as such in their rows: {short}. " if c["short"]
+        + (("the other one holds a shorter run" if len(c["short"]) == 1 else f"the other {len(c['short'])} hold shorter runs")
+           + f", said as such in its row{'' if len(c['short']) == 1 else 's'}: {short}. " if c["short"]
            else "none holds a shorter run. ")
         + f"{c['departures']} of the {c['entries']} entries declare departures from the paper's setting or recipe "
         f"(the index's departures column; each card lists them: what the paper says, what the zoo does, why). "

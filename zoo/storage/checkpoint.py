@@ -122,6 +122,18 @@ def git_commit() -> str:
         return fallback
 
 
+_PINNED_COMMIT: str | None = None  # pin_source_commit's reading, for every checkpoint this process saves
+
+
+def pin_source_commit() -> str:
+    """Read the source tree's commit (`git_commit`) now and record it in every checkpoint this process saves
+    from here on. A process runs the code it imported when it started; a long run outlives commits made
+    meanwhile, and the tree at save time would name code that did not run. Training commands call it first."""
+    global _PINNED_COMMIT
+    _PINNED_COMMIT = git_commit()
+    return _PINNED_COMMIT
+
+
 # The card huggingface_hub's `save_pretrained` writes (ModelHubMixin.generate_model_card): this layer renders
 # none of its own; the full card comes with `zoo build`, `zoo export` and `zoo publish`.
 SHORT_CARD = """---
@@ -404,7 +416,7 @@ def load_weights_strict(model: torch.nn.Module, raw: bytes | Path, where: Path |
 def provenance(seed: int | None, steps: int | None, device: str, dataset_hashes: dict) -> dict:
     return {
         "zoo_version": __version__,
-        "git_commit": git_commit(),
+        "git_commit": _PINNED_COMMIT or git_commit(),
         "torch_version": torch.__version__,
         "seed": seed,
         "steps": steps,

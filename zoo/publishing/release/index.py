@@ -166,8 +166,10 @@ def index_markdown(index: dict) -> str:
          f"Checked only against a reference the zoo computes (a closed form or a construction, not a paper verdict): "
          f"{counts['matches the reference']} match, {counts['differs from the reference']} differ. "
          f"{counts['no paper value']} have no expected value. "
-         f"{short_runs} trained entries hold a **shorter run than their recipe** (steps column): their numbers are "
-         f"those of the shorter run. {departing} entries declare departures from the paper's setting or recipe "
+         + (f"{short_runs} trained entries hold a **shorter run than their recipe** (steps column): their numbers are "
+            "those of the shorter run." if short_runs != 1 else "1 trained entry holds a **shorter run than its recipe** "
+            "(steps column): its numbers are those of the shorter run.")
+         + f" {departing} entries declare departures from the paper's setting or recipe "
          "(departures column; each card gives what the paper says, what the zoo does and why)."),
         "",
         ("A commit marked *stale* was built from an entry's arch, recipe or task data that has since changed: "

@@ -302,6 +302,8 @@ def kv_q_scores(rnn: GatedLinearRNN, lsa_weights: dict[str, torch.Tensor], *, n:
         "q_score": 1 - r2_score(u[:, forget], q) if forget.any() else 1.0,
         "memory_neurons": int(memory.sum()),
         "forget_neurons": int(forget.sum()),
+        # a group of at least this many neurons scores 0 whatever it encodes (the quadratics' span, above)
+        "score_span": (rnn.d_in + 1) * (rnn.d_in + 2) // 2 - 1,
         "prunable_neurons": int((~hidden).sum()),
         "prunable_gates": int((~active_neurons(rnn)[1]).sum()),
     }
