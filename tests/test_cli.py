@@ -120,7 +120,7 @@ def test_mistyped_repo_id_gets_suggestions_from_a_hub(hub_401, capsys, tmp_path,
                  ["export", "icl-zoo/gated-rnn-zucchet-ic", "--endpoint", hub_401]):
         assert cli.main(argv) == 1
         err = capsys.readouterr().err
-        assert "no such repo" in err and "401" not in err, err
+        assert "no such repo" in err and "401" not in err.replace(hub_401, "<hub>"), err  # the port may hold "401"
         assert ("icl-zoo/lsa-d10-c10" if "lsa" in argv[1] else "icl-zoo/gated-rnn-zucchet-icl") in err.split("did you mean")[1]
 
 
