@@ -41,14 +41,13 @@ NOT_CHECKABLE = "not checkable"
 BLIND_SCORES = {"kv_score": "memory_neurons", "q_score": "forget_neurons"}
 
 
-def blind_score(key: str, metrics: dict) -> bool:
-    """Is Table 1's score `key` blind in `metrics`: its neuron group at least the quadratics' span? An evaluation
-    that predates `score_span` says so only by an exact 0."""
+def blind_score(key: str, measured: float, metrics: dict) -> bool:
+    """Is Table 1's score `key`, measured as `measured`, blind in `metrics`: its neuron group at least the
+    quadratics' span? An evaluation that predates `score_span` says so only by an exact 0."""
     group, span = metrics.get(BLIND_SCORES[key]), metrics.get("score_span")
     if isinstance(group, int) and isinstance(span, int):
         return group >= span
-    m = metric_value(key, metrics)
-    return m is not None and m <= 0
+    return measured <= 0
 
 
 @dataclass(frozen=True)
@@ -109,6 +108,14 @@ def _status(source: str | None, meets: bool) -> str:
     return LABELS[(source, meets)]
 
 
+def _tolerance_text(exp) -> str:
+    """A value's or a bound's tolerance in words: "×/÷ 10", "×10 margin", "±3%", "29.6% margin", "no margin"."""
+    if exp.log10_tol is not None:
+        return f"×/÷ {10 ** exp.log10_tol:g}" if exp.kind == "within" else f"×{10 ** exp.log10_tol:g} margin"
+    rel_tol = exp.rel_tol or 0.0
+    return f"±{100 * rel_tol:g}%" if exp.kind == "within" else (f"{100 * rel_tol:g}% margin" if rel_tol else "no margin")
+
+
 def _one(key: str, exp, metrics: dict) -> Check:
     def make(tol: str, m: float | None, meets: bool | None, off_by: str) -> Check:
         status = NOT_CHECKABLE if meets is None else _status(exp.source, meets)
@@ -127,15 +134,12 @@ def _one(key: str, exp, metrics: dict) -> Check:
         return make(tol, gap, meets, f"gap {100 * gap:+.3f}% ± {100 * gap_se:.3f}% s.e. "
                                      f"over {metrics.get('gd_paired_n', '?')} tasks")
 
-    m = metric_value(key, metrics)
-    if key in BLIND_SCORES and m is not None and blind_score(key, metrics):
-        tol = (f"×{10 ** exp.log10_tol:g} margin" if exp.log10_tol is not None
-               else f"{100 * exp.rel_tol:g}% margin" if exp.rel_tol else "no margin")
-        return make(tol, m, None, f"measured {m:g} on {metrics.get(BLIND_SCORES[key], '≥ 14')} neurons, which span every "
+    m, tol = metric_value(key, metrics), _tolerance_text(exp)
+    if key in BLIND_SCORES and m is not None and blind_score(key, m, metrics):
+        group = metrics.get(BLIND_SCORES[key])
+        return make(tol, m, None, f"measured {m:g} on {'its' if group is None else group} neurons, which span every "
                                   "quadratic of the input: the score cannot tell")
     if exp.log10_tol is not None:
-        margin = f"×{10 ** exp.log10_tol:g}"
-        tol = {"within": f"×/÷ {10 ** exp.log10_tol:g}"}.get(exp.kind, f"{margin} margin")
         if m is None or m <= 0:
             return make(tol, m, None, "not measured" if m is None
                         else f"measured {m:g}: not positive, no log-scale comparison")
@@ -144,7 +148,6 @@ def _one(key: str, exp, metrics: dict) -> Check:
                  "at_least": dev >= -exp.log10_tol}[exp.kind]
         return make(tol, m, meets, f"{abs(dev):.2f} decades {'above' if dev > 0 else 'below'}")
     rel_tol = exp.rel_tol or 0.0
-    tol = f"±{100 * rel_tol:g}%" if exp.kind == "within" else (f"{100 * rel_tol:g}% margin" if rel_tol else "no margin")
     if m is None:
         return make(tol, None, None, "not measured")
     rel = (m - exp.value) / abs(exp.value) if exp.value else m
