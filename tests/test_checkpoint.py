@@ -179,6 +179,7 @@ def test_a_pinned_commit_is_what_later_checkpoints_record(monkeypatch):
     monkeypatch.setattr(ck, "git_commit", lambda: "a" * 40)
     assert ck.pin_source_commit() == "a" * 40
     monkeypatch.setattr(ck, "git_commit", lambda: "b" * 40 + "-dirty-0123456789ab")  # the tree moved on mid-run
+    assert ck.pin_source_commit() == "a" * 40  # the first reading stands (the training loop pins again)
     assert ck.provenance(0, 10, "cpu", {})["git_commit"] == "a" * 40
     monkeypatch.setattr(ck, "_PINNED_COMMIT", None)  # a process that pinned nothing reads the tree at save time
     assert ck.provenance(0, 10, "cpu", {})["git_commit"] == "b" * 40 + "-dirty-0123456789ab"

@@ -369,3 +369,14 @@ def test_flushing_denormals_leaves_training_unchanged(tmp_path, monkeypatch):
         flushed, kept = (model.predict_query(probe.tokens) for model, _ in runs)
     torch.testing.assert_close(flushed, kept, rtol=1e-5, atol=1e-9)
     assert flushed.abs().mean() > 1e-3  # a function, not zero against zero (40 steps from init std 0.1)
+
+
+def test_the_training_loop_pins_the_commit_it_started_from(tmp_path, monkeypatch):
+    """A process that trains without a command (a worker, a notebook) still records the commit it started from."""
+    from zoo.storage import checkpoint as ck
+
+    monkeypatch.setattr(ck, "_PINNED_COMMIT", None)
+    monkeypatch.setattr(ck, "git_commit", lambda: "c" * 40)
+    train(fresh_model(), TASK, recipe(steps=2, warmup_steps=0), run_dir=tmp_path / "run", device="cpu", progress=False)
+    monkeypatch.setattr(ck, "git_commit", lambda: "d" * 40)  # committed while the checkpoint is evaluated
+    assert ck.provenance(0, 2, "cpu", {})["git_commit"] == "c" * 40

@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from zoo.science.models.base import TrainingHooks
+from zoo.storage.checkpoint import pin_source_commit
 
 STATE_FILE = "train_state.safetensors"
 WARMUP_STEPS = 3  # steps of a call left out of its measured rate: the first compiles (compiled=True) or allocates
@@ -366,6 +367,7 @@ def fit(step: Step, recipe, *, run_dir: Path, total: int, until: int | None = No
     per member as a list for an ensemble) join that step's history row: how a model's behaviour,
     not only its loss, changes during training (the blogpost's Figure 10: `zoo.science.evaluation.alignment_probe`).
     It must not change the weights or draw from the training generators."""
+    pin_source_commit()  # the checkpoints saved after this run name the code it ran, not a later commit
     run_dir = Path(run_dir)
     device = next(step.module.parameters()).device
     start, history = 0, []

@@ -126,11 +126,13 @@ _PINNED_COMMIT: str | None = None  # pin_source_commit's reading, for every chec
 
 
 def pin_source_commit() -> str:
-    """Read the source tree's commit (`git_commit`) now and record it in every checkpoint this process saves
-    from here on. A process runs the code it imported when it started; a long run outlives commits made
-    meanwhile, and the tree at save time would name code that did not run. Training commands call it first."""
+    """Read the source tree's commit (`git_commit`) once, at the first call, and record it in every checkpoint this
+    process saves from then on. A process runs the code it imported when it started; a long run outlives commits
+    made meanwhile, and the tree at save time would name code that did not run. Training commands call it as they
+    start, and the training loop (zoo/running/train.py `fit`) before its first step, in whatever process it runs."""
     global _PINNED_COMMIT
-    _PINNED_COMMIT = git_commit()
+    if _PINNED_COMMIT is None:
+        _PINNED_COMMIT = git_commit()
     return _PINNED_COMMIT
 
 
