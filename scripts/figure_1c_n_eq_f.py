@@ -36,6 +36,8 @@ def gather(root: Path, extra: dict[int, Path] | None = None) -> dict[int, dict]:
     for f, path in (extra or {}).items():
         point = found.setdefault(f, {"trained": []})
         for row in json.loads(path.read_text()):
+            if row.get("source") != "trained":  # a constructed row of the same report: the folders give it
+                continue
             point.update(gd_loss=row["gd_loss"], steps=row["steps"])
             point["trained"].append(trained_row(row))
     for folder in sorted(root.iterdir()):
