@@ -7,6 +7,18 @@ import numpy as np
 import torch
 
 
+def linearised(entry) -> bool:
+    """A construction its family declares approximate (`ConstructionRule.exact = False`: the LSTM layers
+    set by Zucchet et al.'s Table 4, which linearise σ and tanh at a scale ε). Their read-out weights grow
+    as ε shrinks (16/ε³; 4/ε² twice), so fp32 rounding is amplified by design, and tanh(c) stays linear
+    only while the cell sums, O(ε T), are small: they are checked against the fp32 torch model on the
+    task's own length, not to 3e-5 over a long stream."""
+    from zoo.science.models import CONSTRUCTIONS
+
+    construction = getattr(entry.source, "construction", None)
+    return construction is not None and not CONSTRUCTIONS[construction][1].exact
+
+
 def stream_tokens(model, task, length, batch=2):
     """Task tokens over a long stream, and the float64 reference outputs.
 

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from stream_parity import assert_parity, model_double, stream_tokens
+from stream_parity import assert_parity, linearised, model_double, stream_tokens
 
 from export.onnx_export import export_chunk, export_sequence, export_step
 from export.streaming import (
@@ -34,14 +34,6 @@ def _is_recurrent(entry) -> bool:
 RECURRENT = [e for e in ENTRIES if _is_recurrent(e)]
 
 
-def _ill_conditioned_in_fp32(entry) -> bool:
-    """The LSTM ≈ LSA construction reads its answer out with weights 16/ε³ ≈ 1.6e7 (ε = 0.01):
-    float32 rounding is amplified that much, by design of the linearisation (measured: 2.7e-3
-    relative error in fp32 vs 1.3e-3 in float64 on a task). Its graph is the one the trained
-    LSTM entries stream to 1e-5; for it, see test_lstm_construction_streams_at_fp32_precision."""
-    return getattr(entry.source, "construction", None) == "lstm_from_lsa"
-
-
 def _graph_signature(entry) -> tuple:
     """Entries whose sequence graphs have the same operators: one of each is exported (the
     step graph of every recurrent entry is, in the streaming test). Layer count matters only
@@ -62,7 +54,7 @@ def _one_per_family(entries):
 
 # The chunk test's entries (one per recurrent family) and the two the streaming tests below read: their step graphs
 # are exported for those tests anyway.
-CHUNK_ENTRIES = _one_per_family([e for e in RECURRENT if not _ill_conditioned_in_fp32(e)])
+CHUNK_ENTRIES = _one_per_family([e for e in RECURRENT if not linearised(e)])
 STREAMED = ["gated-rnn-gd-zucchet-icl", "lsa-gd-zucchet-icl"]
 
 
@@ -73,7 +65,7 @@ def _sequence_graphs() -> list:
     exported_anyway = [e.name for e in CHUNK_ENTRIES] + STREAMED
     picked = {}
     for e in ENTRIES:
-        if _ill_conditioned_in_fp32(e):
+        if linearised(e):
             continue
         rank = exported_anyway.index(e.name) if e.name in exported_anyway else len(exported_anyway)
         if _graph_signature(e) not in picked or rank <= picked[_graph_signature(e)][0]:
@@ -120,8 +112,8 @@ def exported(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("entry", [e for e in RECURRENT if _ill_conditioned_in_fp32(e)], ids=lambda e: e.name)
-def test_lstm_construction_streams_at_fp32_precision(entry, tmp_path):
+@pytest.mark.parametrize("entry", [e for e in RECURRENT if linearised(e)], ids=lambda e: e.name)
+def test_lstm_constructions_stream_at_fp32_precision(entry, tmp_path):
     """Over the task's own sequences (13 tokens), the streamed fp32 graph is as close to the
     float64 model as the fp32 PyTorch model is."""
     model, task = model_for(entry)

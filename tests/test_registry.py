@@ -283,6 +283,18 @@ def test_a_construction_on_the_wrong_type_of_a_family_names_the_type_it_needs():
     assert construction_problem(entry.arch, get_task_spec(entry.task), source) is None
 
 
+def test_the_two_lstm_construction_names_the_stack_it_needs():
+    from zoo.science.models import construction_problem
+    from zoo.science.registry import get_task_spec
+
+    entry = get_entry("lstm2-gd-zucchet-icl")
+    task = get_task_spec(entry.task)
+    assert construction_problem(entry.arch, task, entry.source) is None
+    for wrong in ({"width": 144}, {"n_layers": 1}, {"residual": True}):
+        assert construction_problem(entry.arch.model_copy(update=wrong), task, entry.source) == (
+            "'lstm_from_gated_rnn' needs two 'lstm' layers of width 2·max(n, m) = 84 without residual")
+
+
 # ---------------------------------------------------------------- expected values: their source and their claim
 EXPECTED_ENTRY = GOOD_TASK + """
 [models.m]

@@ -12,7 +12,8 @@ tests of every family check `forward_chunk` = iterated `step`.
 
 This file is the family of the deep stacks: one config schema for every block type (LRU, S5,
 LSTM, GRU, bi-LSTM, Mamba, Griffin; the blocks live in their own files), the table from block
-type to block, and the LSTM ⇐ LSA construction (Zucchet et al. A.2, Table 4).
+type to block, and the two LSTM constructions of Zucchet et al. A.2, Table 4: one layer ⇐ an LSA layer
+(left half), two layers ⇐ a diagonal gated RNN of Eq. 2 (right half).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from torch import nn
 
 from zoo.science.models.base import ConstructionRule, Family, NotRecurrentError, RecurrentBlock, ZooModel
 from zoo.science.models.classic_rnn import GRUBlock, LSTMBlock
+from zoo.science.models.gated_rnn import GatedLinearRNN, RNNFromLSAKnobs, rnn_from_lsa, rnn_size
 from zoo.science.models.griffin import GriffinRecurrentBlock, LocalAttentionBlock
 from zoo.science.models.lru import LRUBlock, S5Block
 from zoo.science.models.lsa import ImplementedLSA, implemented_lsa, lsa_problem, lsa_width
@@ -151,6 +153,72 @@ def lstm_from_lsa(model: SequenceStack, w_v: torch.Tensor, w_k: torch.Tensor, w_
     return model
 
 
+# ---------------------------------------------------------------------------- two LSTMs ⇐ gated RNN
+# Two LSTM layers that approximate a diagonal gated RNN h_t = λ ⊙ h_{t−1} + (W_m^in x̃_t) ⊙ (W_x^in x̃_t),
+# y_t = D ((W_m^out h_t) ⊙ (W_x^out h_t)) (Zucchet et al. A.2, Table 4, right): in layer 1 g ⊙ c̃ is the
+# input gating and f = λ (b_f = σ⁻¹(λ)); in layer 2 f = 0 (b_f = −∞) and g ⊙ c̃ is the output gating;
+# o = 1 (b_o = +∞) in both. The table "ignores the linearization trick for the tanh in c̃ and the sigmoid
+# in g" and also leaves h = o ⊙ tanh(c) as it is; with the real nonlinearities, every neuron of the RNN
+# is a pair (a ∈ {0, 1}) of cells, as in the left half (ε = `scale`):
+#
+#   layer 1, hidden neuron k:  g = σ(ε a · W_m,k^in x̃)   c̃ = tanh(ε W_x,k^in x̃)   f = λ_k   o = 1
+#        c_k1 − c_k0 = Σ_s λ_k^{t−s} (σ(ε u_s) − ½) tanh(ε v_s) ≈ ε²/4 · h_k
+#        (x̃'s appended 1 is the bias; h¹ = tanh(c) ≈ c while c = O(ε T) is small)
+#   layer 2, gate j:  its input is r = 4/ε² (h¹_·1 − h¹_·0) ≈ h, the gated RNN's state
+#        g = σ(ε b · W_m,j^out r)   c̃ = tanh(ε W_x,j^out r)   f = 0   o = 1
+#        h²_j1 − h²_j0 ≈ ε²/4 · (W_m,j^out h)(W_x,j^out h)
+#   read-out:  y_i = 4/ε² Σ_j D_ij (h²_j1 − h²_j0)
+#
+# Relative error O(ε²) (the cubic terms of σ and tanh, and tanh(c) with c = O(ε T)) until rounding,
+# amplified by 4/ε² twice, takes over. Width 2·max(n, m): 2n cells in layer 1, 2m in layer 2 (the
+# zoo's LSTM layers have one width); recurrent weights V are 0 in both layers, as in the table.
+def lstm2_width(hidden: int, gates: int) -> int:
+    return 2 * max(hidden, gates)
+
+
+def _logit(p: torch.Tensor) -> torch.Tensor:
+    """σ⁻¹(p), clamped to ±FORGET_BIAS: σ(100) = 1 and σ(−100) = 3.7e-44, perfect memory and forgetting."""
+    return (torch.log(p) - torch.log1p(-p)).clamp(-FORGET_BIAS, FORGET_BIAS)
+
+
+@torch.no_grad()
+def lstm_from_gated_rnn(model: SequenceStack, rnn: GatedLinearRNN, scale: float) -> SequenceStack:
+    """Set `model` (two LSTM layers of width `lstm2_width(n, m)`, no residual) to the stack that
+    approximates the diagonal gated RNN `rnn`, in place; returns it."""
+    n, m, d = rnn.hidden, rnn.gates, rnn.d_in
+    width = lstm2_width(n, m)
+    if rnn.recurrence != "diagonal":
+        raise ValueError("the two-LSTM construction needs a diagonal gated RNN")
+    if (len(model.blocks) != 2 or model.residual or any(not isinstance(b, LSTMBlock) or b.bidirectional for b in model.blocks)
+            or model.blocks[0].width != width or width < d):
+        raise ValueError(f"the two-LSTM construction needs two LSTM layers of width 2·max(n, m) = {width} without residual")
+    for p in model.parameters():
+        p.zero_()
+    eps = scale
+    model.embed.weight[:d, :d] = torch.eye(d)
+    first, second = (block.lstm for block in model.blocks)
+    for lstm in (first, second):
+        lstm.bias_ih_l0.view(4, width)[3] = FORGET_BIAS  # torch gate order: input (g), forget, cell (c̃), output (o)
+    w_in, b_in = first.weight_ih_l0.view(4, width, width), first.bias_ih_l0.view(4, width)
+    b_in[1, : 2 * n] = _logit(rnn.lam()).repeat_interleave(2)
+    w_in[0, 1 : 2 * n : 2, :d], b_in[0, 1 : 2 * n : 2] = eps * rnn.w_m_in[:, :d], eps * rnn.w_m_in[:, d]  # a = 1
+    w_in[2, 0 : 2 * n : 2, :d] = w_in[2, 1 : 2 * n : 2, :d] = eps * rnn.w_x_in[:, :d]
+    b_in[2, 0 : 2 * n : 2] = b_in[2, 1 : 2 * n : 2] = eps * rnn.w_x_in[:, d]
+    # r = 4/ε² (h¹_·1 − h¹_·0): layer 2's weights on h¹ are ε · W^out · that difference
+    w_out, b_out = second.weight_ih_l0.view(4, width, width), second.bias_ih_l0.view(4, width)
+    b_out[1] = -FORGET_BIAS
+    for rows, gating in ((slice(1, 2 * m, 2), rnn.w_m_out), (None, rnn.w_x_out)):
+        coef = eps * 4 / eps**2 * gating  # (m, n)
+        if rows is None:  # c̃: both cells of a pair
+            for start in (0, 1):
+                w_out[2, start : 2 * m : 2, 1 : 2 * n : 2], w_out[2, start : 2 * m : 2, 0 : 2 * n : 2] = coef, -coef
+        else:  # g: only the a = 1 cell
+            w_out[0, rows, 1 : 2 * n : 2], w_out[0, rows, 0 : 2 * n : 2] = coef, -coef
+    readout = 4 / eps**2 * rnn.readout_matrix  # (d_out, m)
+    model.head.weight[:, 1 : 2 * m : 2], model.head.weight[:, 0 : 2 * m : 2] = readout, -readout
+    return model
+
+
 # ---------------------------------------------------------------------------- the family
 class RecurrentStackArch(Strict):
     """Embedding → n_layers blocks → read-out, no norms."""
@@ -216,13 +284,44 @@ def _apply_lstm_from_lsa(model: SequenceStack, task, source, validation_batch=No
     return {**info, "scale": source.scale}
 
 
+class LSTMFromGatedRNNKnobs(RNNFromLSAKnobs):
+    scale: float = Field(0.01, gt=0)  # linearisation scale ε of both layers (error O(ε²) until rounding)
+
+
+def _lstm2_width_for(task, source) -> int:
+    return lstm2_width(**rnn_size(lsa_width(task), source.compact))
+
+
+def _lstm_from_gated_rnn_problem(arch: RecurrentStackArch, task, source) -> str | None:
+    problem = lsa_problem(task, source)
+    if problem:
+        return problem
+    width = _lstm2_width_for(task, source)
+    if arch.type != "lstm" or arch.n_layers != 2 or arch.width != width or arch.residual:
+        return f"'lstm_from_gated_rnn' needs two 'lstm' layers of width 2·max(n, m) = {width} without residual"
+    return None
+
+
+def _apply_lstm_from_gated_rnn(model: SequenceStack, task, source, validation_batch=None) -> dict:
+    """The LSA (θ_GD or the teacher) → the gated RNN that implements it exactly (float64) → two LSTM layers."""
+    weights, info = implemented_lsa(task, source, validation_batch)
+    rnn = GatedLinearRNN(model.d_in, model.d_out, model.readout, **rnn_size(lsa_width(task), source.compact)).double()
+    rnn_from_lsa(rnn, *(w.double() for w in weights), compact=source.compact)
+    lstm_from_gated_rnn(model, rnn, scale=source.scale)
+    return {**info, "compact": source.compact, "scale": source.scale}
+
+
 FAMILY = Family(
     name="stack",
     arch=RecurrentStackArch,
     build=build,
     constructions={"lstm_from_lsa": ConstructionRule(_lstm_from_lsa_problem, _apply_lstm_from_lsa,
                                                      "an LSTM layer ≈ an LSA layer, exact as ε → 0", arch_types=("lstm",),
-                                                     knobs=LSTMFromLSAKnobs, exact=False)},
+                                                     knobs=LSTMFromLSAKnobs, exact=False),
+                   "lstm_from_gated_rnn": ConstructionRule(
+                       _lstm_from_gated_rnn_problem, _apply_lstm_from_gated_rnn,
+                       "two LSTM layers ≈ the gated RNN that implements an LSA layer, exact as ε → 0",
+                       arch_types=("lstm",), knobs=LSTMFromGatedRNNKnobs, exact=False)},
     card="""
 A deep recurrent stack (linear embedding → blocks → linear read-out, no normalisation layers, as
 Zucchet et al. A.1 compare them): LRU (with its gating variants), S5, LSTM, GRU, bi-LSTM, Mamba or
