@@ -8,11 +8,11 @@ import torch
 
 
 def linearised(entry) -> bool:
-    """A construction its family declares approximate (`ConstructionRule.exact = False`: the LSTM layers
-    set by Zucchet et al.'s Table 4, which linearise σ and tanh at a scale ε). Their read-out weights grow
-    as ε shrinks (16/ε³; 4/ε² twice), so fp32 rounding is amplified by design, and tanh(c) stays linear
-    only while the cell sums, O(ε T), are small: they are checked against the fp32 torch model on the
-    task's own length, not to 3e-5 over a long stream."""
+    """A construction its family declares approximate (`ConstructionRule.exact = False`: the LSTM and LRU
+    layers set by Zucchet et al.'s Tables 3–4, which linearise σ (and tanh) at a scale ε). Their read-out
+    weights grow as ε shrinks (16/ε³; 4/ε² per paired gate), so fp32 rounding is amplified by design, and
+    the linearisation holds only while the gates' arguments, which grow with the state, stay O(ε): they are
+    checked against the fp32 torch model on the task's own length, not to 3e-5 over a long stream."""
     from zoo.science.models import CONSTRUCTIONS
 
     construction = getattr(entry.source, "construction", None)

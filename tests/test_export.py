@@ -113,7 +113,7 @@ def exported(tmp_path_factory):
 
 
 @pytest.mark.parametrize("entry", [e for e in RECURRENT if linearised(e)], ids=lambda e: e.name)
-def test_lstm_constructions_stream_at_fp32_precision(entry, tmp_path):
+def test_linearised_constructions_stream_at_fp32_precision(entry, tmp_path):
     """Over the task's own sequences (13 tokens), the streamed fp32 graph is as close to the
     float64 model as the fp32 PyTorch model is."""
     model, task = model_for(entry)

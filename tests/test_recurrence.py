@@ -169,7 +169,7 @@ def test_the_step_graph_streams_as_the_model(entry, tmp_path):
     err, err_fp32 = (got - ref).abs().max().item(), (fp32 - ref).abs().max().item()
     assert err <= 4 * err_fp32 + 2e-6 * scale, f"ONNX step stream: max error {err:.2e}, fp32 torch {err_fp32:.2e}"
     if linearised(entry):
-        return  # ill-conditioned in fp32 by design: its stream is test_export's test_lstm_constructions_…
+        return  # ill-conditioned in fp32 by design: its stream is test_export's test_linearised_constructions_…
     # ... and over a 1,000-token stream, token by token, within fp32 of the float64 forward (the chunk
     # graphs that run longer pushes: test_export.py's chunk test, one entry per family)
     model.float()

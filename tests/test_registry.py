@@ -293,6 +293,12 @@ def test_the_two_lstm_construction_names_the_stack_it_needs():
     for wrong in ({"width": 144}, {"n_layers": 1}, {"residual": True}):
         assert construction_problem(entry.arch.model_copy(update=wrong), task, entry.source) == (
             "'lstm_from_gated_rnn' needs two 'lstm' layers of width 2·max(n, m) = 84 without residual")
+    compact = entry.source.model_copy(update={"compact": True})  # θ_GD's W_V is singular: refused before building
+    assert "needs an invertible W_V" in construction_problem(entry.arch.model_copy(update={"width": 72}), task, compact)
+    lru = get_entry("lru-in-out-gd-zucchet-icl")
+    assert construction_problem(lru.arch, task, lru.source) is None
+    assert construction_problem(lru.arch.model_copy(update={"residual": None}), task, lru.source) == (
+        "'lru_from_gated_rnn' with variant 'in_out' needs 1 'lru' layer(s) of width 84, hidden 42 and residual = false")
 
 
 # ---------------------------------------------------------------- expected values: their source and their claim

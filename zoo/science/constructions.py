@@ -12,7 +12,12 @@ from zoo.science.models.fast_weight import construct_fast_weight
 from zoo.science.models.gated_rnn import rnn_from_lsa
 from zoo.science.models.gd_ssm import construct_gd_ssm
 from zoo.science.models.lsa import construct_gd_lsa, gd_lsa_weights, lsa_weights
-from zoo.science.models.stack import lstm_from_gated_rnn, lstm_from_lsa
+from zoo.science.models.stack_constructions import (
+    lru_from_gated_rnn,
+    lru_in_skip_from_lsa,
+    lstm_from_gated_rnn,
+    lstm_from_lsa,
+)
 from zoo.science.tasks.regression import resolve_eta
 
 
@@ -24,4 +29,5 @@ def construct(entry, model, task, validation_batch=None) -> dict:
 
 
 __all__ = ["construct", "construct_fast_weight", "construct_gd_lsa", "construct_gd_ssm", "gd_lsa_weights",
-           "lsa_weights", "lstm_from_gated_rnn", "lstm_from_lsa", "resolve_eta", "rnn_from_lsa"]
+           "lru_from_gated_rnn", "lru_in_skip_from_lsa", "lsa_weights", "lstm_from_gated_rnn", "lstm_from_lsa", "resolve_eta",
+           "rnn_from_lsa"]

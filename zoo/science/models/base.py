@@ -183,7 +183,8 @@ class ConstructionRule:
 
     The math an `apply` calls has one shape in every family: `construct(model, <weights or rates>) ->
     model`, writing the given model's weights in place and returning that model (construct_gd_lsa,
-    construct_gd_ssm, rnn_from_lsa, lstm_from_lsa, lstm_from_gated_rnn, retention_from_lsa, construct_fast_weight).
+    construct_gd_ssm, rnn_from_lsa, lstm_from_lsa, lstm_from_gated_rnn, lru_from_gated_rnn, retention_from_lsa,
+    construct_fast_weight).
     """
 
     problem: Callable[..., str | None]

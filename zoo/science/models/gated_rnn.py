@@ -367,8 +367,15 @@ class RNNFromLSAKnobs(ImplementedLSA):
     compact: bool = False  # d(d+1)/2 key-value neurons instead of d² (section 2.2)
 
 
+def compact_problem(source) -> str | None:
+    """Why the compact construction cannot apply to the LSA `source` names, known before any weights exist."""
+    if source.compact and source.lsa == "gd":
+        return "compact = true needs an invertible W_V, and θ_GD's W_V has rank d_y (it reads only y): use compact = false"
+    return None
+
+
 def _rnn_from_lsa_problem(arch: GatedRNNArch, task, source) -> str | None:
-    problem = lsa_problem(task, source)
+    problem = lsa_problem(task, source) or compact_problem(source)
     if problem:
         return problem
     d = lsa_width(task)

@@ -12,8 +12,8 @@ tests of every family check `forward_chunk` = iterated `step`.
 
 This file is the family of the deep stacks: one config schema for every block type (LRU, S5,
 LSTM, GRU, bi-LSTM, Mamba, Griffin; the blocks live in their own files), the table from block
-type to block, and the two LSTM constructions of Zucchet et al. A.2, Table 4: one layer ⇐ an LSA layer
-(left half), two layers ⇐ a diagonal gated RNN of Eq. 2 (right half).
+type to block; its constructions (LSTM and LRU layers standing for an LSA layer or a gated RNN, Zucchet
+et al. Tables 3–4) are in stack_constructions.py.
 """
 
 from __future__ import annotations
@@ -24,13 +24,12 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from zoo.science.models.base import ConstructionRule, Family, NotRecurrentError, RecurrentBlock, ZooModel
+from zoo.science.models.base import Family, NotRecurrentError, RecurrentBlock, ZooModel
 from zoo.science.models.classic_rnn import GRUBlock, LSTMBlock
-from zoo.science.models.gated_rnn import GatedLinearRNN, RNNFromLSAKnobs, rnn_from_lsa, rnn_size
 from zoo.science.models.griffin import GriffinRecurrentBlock, LocalAttentionBlock
 from zoo.science.models.lru import LRUBlock, S5Block
-from zoo.science.models.lsa import ImplementedLSA, implemented_lsa, lsa_problem, lsa_width
 from zoo.science.models.mamba import MambaBlock
+from zoo.science.models.stack_constructions import STACK_CONSTRUCTIONS
 from zoo.science.schema import Strict
 from zoo.science.tasks.regression import Readout
 
@@ -103,122 +102,6 @@ class SequenceStack(ZooModel):
         return self.head(x), tuple(new_state)
 
 
-# ---------------------------------------------------------------------------- LSTM ⇐ LSA
-# An LSTM layer that approximates a causal linear self-attention layer (Zucchet et al. A.2,
-# Table 4, left), made exact in the limit of a small linearisation scale ε. Table 4 sets f = 1
-# (b_f = +∞), c̃ = W_K x, g = W_V x, o = W_Q x and assumes c̃, g, o, tanh(c) linear. With the real
-# nonlinearities, neuron (i, j, a, b) ∈ [d]² × {0, 1}² uses (torch's gate names in brackets)
-#
-#     g  [input gate]  = σ(ε a · v_i)          c̃ [cell candidate] = tanh(ε k_j)
-#     f  [forget gate] = σ(+100) = 1           o  [output gate]    = σ(ε b · q_j)
-#
-# so c_{ij,a} = Σ_s σ(ε a v_i) tanh(ε k_j) and h = o ⊙ tanh(c). The read-out combines the four
-# copies (the "double the neurons" trick of A.1, once for g and once for o):
-#
-#     out_i = 16/ε³ Σ_j (h_ij11 − h_ij10 − h_ij01 + h_ij00)
-#           = 16/ε³ Σ_j (σ(ε q_j) − ½)(tanh c_ij1 − tanh c_ij0)  →  Σ_j q_j S_ij  as ε → 0
-#
-# with relative error O(ε²) (σ(x) − ½ = x/4 − x³/48 + …, tanh x = x − x³/3 + …, and tanh(c)
-# linear only while c = O(ε T) is small), until rounding, amplified by 16/ε³, takes over. The
-# layer needs 4d² neurons; its input is the token itself (embedding = [I; 0]).
-FORGET_BIAS = 100.0  # σ(100) = 1 exactly in float32 and float64: perfect memory
-
-
-def lstm_width(d: int) -> int:
-    return 4 * d * d
-
-
-@torch.no_grad()
-def lstm_from_lsa(model: SequenceStack, w_v: torch.Tensor, w_k: torch.Tensor, w_q: torch.Tensor, scale: float) -> SequenceStack:
-    d = w_v.shape[0]
-    (block,) = model.blocks
-    if not isinstance(block, LSTMBlock) or block.width != lstm_width(d) or model.residual:
-        raise ValueError(f"the LSTM construction needs one LSTM layer of width 4d² = {lstm_width(d)} without residual")
-    for p in model.parameters():
-        p.zero_()
-    model.embed.weight[:d, :d] = torch.eye(d)
-    lstm, width = block.lstm, block.width
-    w_ih = lstm.weight_ih_l0.view(4, width, width)  # torch gate order: input (g), forget, cell (c̃), output (o)
-    lstm.bias_ih_l0.view(4, width)[1] = FORGET_BIAS
-    coef = 16 / scale**3
-    for i in range(d):
-        for j in range(d):
-            for a in (0, 1):
-                for b in (0, 1):
-                    n = ((i * d + j) * 2 + a) * 2 + b
-                    w_ih[0, n, :d] = scale * a * w_v[i]
-                    w_ih[2, n, :d] = scale * w_k[j]
-                    w_ih[3, n, :d] = scale * b * w_q[j]
-                    model.head.weight[i, n] = coef * (1 if a == b else -1)
-    return model
-
-
-# ---------------------------------------------------------------------------- two LSTMs ⇐ gated RNN
-# Two LSTM layers that approximate a diagonal gated RNN h_t = λ ⊙ h_{t−1} + (W_m^in x̃_t) ⊙ (W_x^in x̃_t),
-# y_t = D ((W_m^out h_t) ⊙ (W_x^out h_t)) (Zucchet et al. A.2, Table 4, right): in layer 1 g ⊙ c̃ is the
-# input gating and f = λ (b_f = σ⁻¹(λ)); in layer 2 f = 0 (b_f = −∞) and g ⊙ c̃ is the output gating;
-# o = 1 (b_o = +∞) in both. The table "ignores the linearization trick for the tanh in c̃ and the sigmoid
-# in g" and also leaves h = o ⊙ tanh(c) as it is; with the real nonlinearities, every neuron of the RNN
-# is a pair (a ∈ {0, 1}) of cells, as in the left half (ε = `scale`):
-#
-#   layer 1, hidden neuron k:  g = σ(ε a · W_m,k^in x̃)   c̃ = tanh(ε W_x,k^in x̃)   f = λ_k   o = 1
-#        c_k1 − c_k0 = Σ_s λ_k^{t−s} (σ(ε u_s) − ½) tanh(ε v_s) ≈ ε²/4 · h_k
-#        (x̃'s appended 1 is the bias; h¹ = tanh(c) ≈ c while c = O(ε T) is small)
-#   layer 2, gate j:  its input is r = 4/ε² (h¹_·1 − h¹_·0) ≈ h, the gated RNN's state
-#        g = σ(ε b · W_m,j^out r)   c̃ = tanh(ε W_x,j^out r)   f = 0   o = 1
-#        h²_j1 − h²_j0 ≈ ε²/4 · (W_m,j^out h)(W_x,j^out h)
-#   read-out:  y_i = 4/ε² Σ_j D_ij (h²_j1 − h²_j0)
-#
-# Relative error O(ε²) (the cubic terms of σ and tanh, and tanh(c) with c = O(ε T)) until rounding,
-# amplified by 4/ε² twice, takes over. Width 2·max(n, m): 2n cells in layer 1, 2m in layer 2 (the
-# zoo's LSTM layers have one width); recurrent weights V are 0 in both layers, as in the table.
-def lstm2_width(hidden: int, gates: int) -> int:
-    return 2 * max(hidden, gates)
-
-
-def _logit(p: torch.Tensor) -> torch.Tensor:
-    """σ⁻¹(p), clamped to ±FORGET_BIAS: σ(100) = 1 and σ(−100) = 3.7e-44, perfect memory and forgetting."""
-    return (torch.log(p) - torch.log1p(-p)).clamp(-FORGET_BIAS, FORGET_BIAS)
-
-
-@torch.no_grad()
-def lstm_from_gated_rnn(model: SequenceStack, rnn: GatedLinearRNN, scale: float) -> SequenceStack:
-    """Set `model` (two LSTM layers of width `lstm2_width(n, m)`, no residual) to the stack that
-    approximates the diagonal gated RNN `rnn`, in place; returns it."""
-    n, m, d = rnn.hidden, rnn.gates, rnn.d_in
-    width = lstm2_width(n, m)
-    if rnn.recurrence != "diagonal":
-        raise ValueError("the two-LSTM construction needs a diagonal gated RNN")
-    if (len(model.blocks) != 2 or model.residual or any(not isinstance(b, LSTMBlock) or b.bidirectional for b in model.blocks)
-            or model.blocks[0].width != width or width < d):
-        raise ValueError(f"the two-LSTM construction needs two LSTM layers of width 2·max(n, m) = {width} without residual")
-    for p in model.parameters():
-        p.zero_()
-    eps = scale
-    model.embed.weight[:d, :d] = torch.eye(d)
-    first, second = (block.lstm for block in model.blocks)
-    for lstm in (first, second):
-        lstm.bias_ih_l0.view(4, width)[3] = FORGET_BIAS  # torch gate order: input (g), forget, cell (c̃), output (o)
-    w_in, b_in = first.weight_ih_l0.view(4, width, width), first.bias_ih_l0.view(4, width)
-    b_in[1, : 2 * n] = _logit(rnn.lam()).repeat_interleave(2)
-    w_in[0, 1 : 2 * n : 2, :d], b_in[0, 1 : 2 * n : 2] = eps * rnn.w_m_in[:, :d], eps * rnn.w_m_in[:, d]  # a = 1
-    w_in[2, 0 : 2 * n : 2, :d] = w_in[2, 1 : 2 * n : 2, :d] = eps * rnn.w_x_in[:, :d]
-    b_in[2, 0 : 2 * n : 2] = b_in[2, 1 : 2 * n : 2] = eps * rnn.w_x_in[:, d]
-    # r = 4/ε² (h¹_·1 − h¹_·0): layer 2's weights on h¹ are ε · W^out · that difference
-    w_out, b_out = second.weight_ih_l0.view(4, width, width), second.bias_ih_l0.view(4, width)
-    b_out[1] = -FORGET_BIAS
-    for rows, gating in ((slice(1, 2 * m, 2), rnn.w_m_out), (None, rnn.w_x_out)):
-        coef = eps * 4 / eps**2 * gating  # (m, n)
-        if rows is None:  # c̃: both cells of a pair
-            for start in (0, 1):
-                w_out[2, start : 2 * m : 2, 1 : 2 * n : 2], w_out[2, start : 2 * m : 2, 0 : 2 * n : 2] = coef, -coef
-        else:  # g: only the a = 1 cell
-            w_out[0, rows, 1 : 2 * n : 2], w_out[0, rows, 0 : 2 * n : 2] = coef, -coef
-    readout = 4 / eps**2 * rnn.readout_matrix  # (d_out, m)
-    model.head.weight[:, 1 : 2 * m : 2], model.head.weight[:, 0 : 2 * m : 2] = readout, -readout
-    return model
-
-
 # ---------------------------------------------------------------------------- the family
 class RecurrentStackArch(Strict):
     """Embedding → n_layers blocks → read-out, no norms."""
@@ -264,64 +147,11 @@ def build(arch: RecurrentStackArch, task) -> SequenceStack:
     return SequenceStack(task.token_dim, task.d_out, task.readout, blocks, arch.width, residual=residual)
 
 
-class LSTMFromLSAKnobs(ImplementedLSA):
-    scale: float = Field(0.01, gt=0)  # linearisation scale ε (error O(ε²) until rounding)
-
-
-def _lstm_from_lsa_problem(arch: RecurrentStackArch, task, source) -> str | None:
-    problem = lsa_problem(task, source)
-    if problem:
-        return problem
-    d = lsa_width(task)
-    if arch.type != "lstm" or arch.n_layers != 1 or arch.width != lstm_width(d) or arch.residual:
-        return f"'lstm_from_lsa' needs one 'lstm' layer of width 4d² = {lstm_width(d)} without residual"
-    return None
-
-
-def _apply_lstm_from_lsa(model: SequenceStack, task, source, validation_batch=None) -> dict:
-    weights, info = implemented_lsa(task, source, validation_batch)
-    lstm_from_lsa(model, *weights, scale=source.scale)
-    return {**info, "scale": source.scale}
-
-
-class LSTMFromGatedRNNKnobs(RNNFromLSAKnobs):
-    scale: float = Field(0.01, gt=0)  # linearisation scale ε of both layers (error O(ε²) until rounding)
-
-
-def _lstm2_width_for(task, source) -> int:
-    return lstm2_width(**rnn_size(lsa_width(task), source.compact))
-
-
-def _lstm_from_gated_rnn_problem(arch: RecurrentStackArch, task, source) -> str | None:
-    problem = lsa_problem(task, source)
-    if problem:
-        return problem
-    width = _lstm2_width_for(task, source)
-    if arch.type != "lstm" or arch.n_layers != 2 or arch.width != width or arch.residual:
-        return f"'lstm_from_gated_rnn' needs two 'lstm' layers of width 2·max(n, m) = {width} without residual"
-    return None
-
-
-def _apply_lstm_from_gated_rnn(model: SequenceStack, task, source, validation_batch=None) -> dict:
-    """The LSA (θ_GD or the teacher) → the gated RNN that implements it exactly (float64) → two LSTM layers."""
-    weights, info = implemented_lsa(task, source, validation_batch)
-    rnn = GatedLinearRNN(model.d_in, model.d_out, model.readout, **rnn_size(lsa_width(task), source.compact)).double()
-    rnn_from_lsa(rnn, *(w.double() for w in weights), compact=source.compact)
-    lstm_from_gated_rnn(model, rnn, scale=source.scale)
-    return {**info, "compact": source.compact, "scale": source.scale}
-
-
 FAMILY = Family(
     name="stack",
     arch=RecurrentStackArch,
     build=build,
-    constructions={"lstm_from_lsa": ConstructionRule(_lstm_from_lsa_problem, _apply_lstm_from_lsa,
-                                                     "an LSTM layer ≈ an LSA layer, exact as ε → 0", arch_types=("lstm",),
-                                                     knobs=LSTMFromLSAKnobs, exact=False),
-                   "lstm_from_gated_rnn": ConstructionRule(
-                       _lstm_from_gated_rnn_problem, _apply_lstm_from_gated_rnn,
-                       "two LSTM layers ≈ the gated RNN that implements an LSA layer, exact as ε → 0",
-                       arch_types=("lstm",), knobs=LSTMFromGatedRNNKnobs, exact=False)},
+    constructions=STACK_CONSTRUCTIONS,
     card="""
 A deep recurrent stack (linear embedding → blocks → linear read-out, no normalisation layers, as
 Zucchet et al. A.1 compare them): LRU (with its gating variants), S5, LSTM, GRU, bi-LSTM, Mamba or
