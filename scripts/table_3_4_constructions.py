@@ -10,8 +10,9 @@ In+Out layer, two LRU Out layers and two LRU In+Skip layers ⇐ a diagonal gated
 for two RNNs: Figure 1's construction of θ_GD (`gated-rnn-gd-zucchet-icl`, λ ∈ {0, 1}) and the RNN trained at
 the paper's recipe (`gated-rnn-zucchet-icl-b1`, 80 neurons, leaky λ included); one LRU In+Skip layer ⇐
 `lsa-gd-zucchet-icl` (Table 3). Per row: the relative error of the query read-out, ‖ŷ − ŷ_source‖ / ‖ŷ_source‖
-over the 10,000 test tasks, and both test losses. The length sweep chains the test prompts' tokens into
-streams of T tokens (float64) and compares the last position's output. Writes results.json, lengths.json,
+over the 10,000 test tasks, and both test losses. The length sweep samples
+the same task distribution's prompts with more examples in context (one task each; float64) and compares
+the query's prediction. Writes results.json, lengths.json,
 table.md and error-vs-scale.png; prints the tables.
 """
 
@@ -45,7 +46,8 @@ from zoo.science.tasks.frozen import load_split
 
 SCALES = (0.1, 0.03, 0.01, 0.003, 0.001)
 REGISTRY_SCALE = 0.01  # every constructed entry's ε (zoo/science/entries/comparisons.toml)
-LENGTHS = (13, 52, 104, 403)  # the task's 13 tokens, then 4, 8 and 31 prompts chained
+LENGTHS = (12, 48, 100, 400)  # examples in context: the task's 12, then longer prompts of the same task distribution
+PROMPTS = 2000
 
 
 def _lstm_lsa(lsa, task, eps, dtype):
@@ -113,13 +115,12 @@ def run() -> tuple[list[dict], list[dict]]:
                                    "relative_error": relative(model.predict(batch.tokens), reference),
                                    "test_loss": float(loss_alone(model, task, batch)), "source_test_loss": source_loss})
             model = build(source, task, REGISTRY_SCALE, torch.float64).eval()
-            tokens = batch64.tokens[:3100]  # (B, 13, d)
-            for length in LENGTHS:
-                k = length // tokens.shape[1]
-                stream = tokens[: (tokens.shape[0] // k) * k].reshape(-1, k * tokens.shape[1], tokens.shape[2])  # (B/k, T, d)
+            spec = default_registry().tasks[ckpt.entry.task]
+            for length in LENGTHS:  # one task per prompt, with `length` examples in context: the query's prediction
+                tokens = spec.model_copy(update={"n_context": length}).build().sample(PROMPTS, seed=7, dtype=torch.float64).tokens
                 lengths.append({"construction": what, "source": name, "scale": REGISTRY_SCALE, "dtype": "float64",
-                                "length": stream.shape[1], "streams": stream.shape[0],
-                                "relative_error_last": relative(model(stream)[:, -1], source(stream)[:, -1])})
+                                "n_context": length, "prompts": PROMPTS,
+                                "relative_error_query": relative(model(tokens)[:, -1], source(tokens)[:, -1])})
     return scales, lengths
 
 
@@ -133,10 +134,11 @@ def tables(scales: list[dict], lengths: list[dict]) -> str:
                 r64, r32 = by[(what, name, eps, "float64")], by[(what, name, eps, "float32")]
                 lines.append(f"| {what} | `{name}` | {eps:g} | {r64['relative_error']:.2e} | {r32['relative_error']:.2e} | "
                              f"{r32['test_loss']:.6f} | {r64['source_test_loss']:.6f} |")
-    lines += ["", f"Longer streams at ε = {REGISTRY_SCALE} (float64), relative error at the last position:", "",
-              "| construction | stands for | " + " | ".join(f"T = {t}" for t in LENGTHS) + " |",
+    lines += ["", f"Longer prompts at ε = {REGISTRY_SCALE} (float64, {PROMPTS:,} fresh prompts of one task each), relative error "
+              "of the query's prediction by examples in context:", "",
+              "| construction | stands for | " + " | ".join(f"N = {t}" for t in LENGTHS) + " |",
               "|---|---|" + "---|" * len(LENGTHS)]
-    by_len = {(r["construction"], r["source"], r["length"]): r["relative_error_last"] for r in lengths}
+    by_len = {(r["construction"], r["source"], r["n_context"]): r["relative_error_query"] for r in lengths}
     for what, _, _, names in CONSTRUCTIONS:
         for name in names:
             lines.append(f"| {what} | `{name}` | " + " | ".join(f"{by_len[(what, name, t)]:.2e}" for t in LENGTHS) + " |")

@@ -156,6 +156,7 @@ FAMILY = Family(
 A deep recurrent stack (linear embedding → blocks → linear read-out, no normalisation layers, as
 Zucchet et al. A.1 compare them): LRU (with its gating variants), S5, LSTM, GRU, bi-LSTM, Mamba or
 Griffin blocks, trained on the same frozen tasks as the models that implement gradient descent and
-scored with the same metrics.
+scored with the same metrics; or LSTM and LRU layers constructed to stand for a linear self-attention layer
+or a gated RNN (Zucchet et al., Tables 3–4), approximately: their gates are linearised at a scale ε.
 """,
 )
