@@ -6,7 +6,7 @@ LRU layer, per time step (h complex, n neurons; x the block input of width w):
     u_t = x_t                                   "out"      (LRU Out: the original)
     u_t = σ(W_m^in x_t) ⊙ (W_x^in x_t)           "in_out", "in_skip"   (extra input gating)
     h_t = λ ⊙ h_{t−1} + γ ⊙ (B u_t)                                          (Eq. 6)
-    ỹ_t = Re[C h_t] + D ⊙ u_t                                                (Eq. 7)
+    ỹ_t = Re[C h_t] + D ⊙ u_t                                                (Eq. 7, read as below)
     y_t = σ(W_m ỹ_t) ⊙ (W_x ỹ_t)                "out", "in_out"           (GLU, Eq. 8)
     y_t = σ(W_m x_t) ⊙ (W_x ỹ_t)                "in_skip": the m branch sees the input
     λ = exp(−exp(ν_log) + i exp(θ_log)),  γ = exp(γ_log)                       (Eq. 9)
@@ -15,6 +15,10 @@ S5 layer (zero-order-hold discretisation of a continuous diagonal SSM, timescale
 
     Λ = −exp(ν_log) + i θ,  λ = exp(Λ Δ),  B̄ = (λ − 1)/Λ · B,  Δ = exp(log_Δ)
     h_t = λ ⊙ h_{t−1} + B̄ u_t ;  y_t = GELU(Re[C h_t] + D ⊙ u_t)
+
+The paper prints Eq. 7 as ỹ_{t+1} = Re[C h_t] + D x_{t+1}, the state before the update; the zoo reads the
+updated state, as the LRU of Orvieto et al. does and as Eq. 2's gated RNN (y_t from h_t, which includes x_t)
+needs for the constructions of Table 3 (stack_constructions.py).
 
 Complex numbers are (re, im) pairs in a trailing axis of size 2 (see models/scan.py), so the
 models export to ONNX; the state of a layer is `h` of shape (n, 2).

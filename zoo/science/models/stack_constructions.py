@@ -44,8 +44,8 @@ def _check_io(model: SequenceStack, d_in: int, d_out: int, scale: float, name: s
     """The stack reads and writes what the source model does, and ε > 0."""
     if (model.d_in, model.d_out) != (d_in, d_out):
         raise ValueError(f"{name}: the stack maps {model.d_in} → {model.d_out} channels, the model it stands for {d_in} → {d_out}")
-    if not scale > 0:
-        raise ValueError(f"{name}: the linearisation scale ε must be > 0, got {scale}")
+    if not 0 < scale < float("inf"):
+        raise ValueError(f"{name}: the linearisation scale ε must be finite and > 0, got {scale}")
 
 
 # ---------------------------------------------------------------------------- LSTM ⇐ LSA
@@ -177,7 +177,7 @@ def lstm_from_gated_rnn(model: SequenceStack, rnn: GatedLinearRNN, scale: float)
 #   paired gating (`_paired_gating`): rows 2k, 2k+1 of (W_m, W_x) = (0, b_k), (ε a_k, b_k)
 #        → y_2k+1 − y_2k = (σ(ε a_k·z) − ½)(b_k·z) ≈ ε/4 (a_k·z)(b_k·z)
 #   recurrence (`_recurrence`): B reads 4/ε (u_2k+1 − u_2k) into neuron k (γ = 1), λ real (phase 0,
-#        ν^log = log(−log λ): ±∞ for λ = 0, 1), C = I (ỹ_k = h_k), D = 0
+#        ν^log = log(−log λ), finite stand-ins for λ = 0, 1), C = I (ỹ_k = h_k), D = 0
 #   pass-through: an output gate with W_m = 0 is σ(0) = ½ exactly, so W_x = 2I passes ỹ on; LRU Out's
 #        layer 1 skips the recurrence with D = 1 (ỹ = x)
 #
@@ -224,11 +224,17 @@ def _pair_difference(weight: torch.Tensor, matrix: torch.Tensor, eps: float) -> 
     weight[:, 0 : 2 * k : 2] = -4 / eps * matrix
 
 
+# Finite stand-ins for ν^log = ∓∞ and θ^log = −∞: λ = exp(−exp(ν^log)) is exactly 1 at ν^log = −100 (exp(−100) =
+# 3.7e-44) and exactly 0 at +20 (exp(−4.9e8)) in float32 and float64, and the phase exp(−200) is 0 in float32,
+# 1.4e-87 in float64; unlike ±∞ their gradients are finite (0 · ∞ is NaN), so training can start from them.
+NU_LOG_MEMORY, NU_LOG_FORGET, THETA_LOG_REAL = -100.0, 20.0, -200.0
+
+
 def _recurrence(block: LRUBlock, lam: torch.Tensor, eps: float) -> None:
     """Neuron k: h_k = λ_k h_k + 4/ε (u_2k+1 − u_2k), real; ỹ_k = h_k."""
     k = lam.shape[0]
-    block.nu_log[:k] = torch.log(-torch.log(lam.double()))  # λ = exp(−exp(ν^log)): −∞ → 1, +∞ → 0
-    block.theta_log[:] = float("-inf")  # phase exp(θ^log) = 0: real λ
+    # λ = exp(−exp(ν^log)); λ = 1 and 0 give ν^log = ∓∞, clamped to the stand-ins (the same λ, exactly)
+    block.nu_log[:k] = torch.log(-torch.log(lam.double())).clamp(NU_LOG_MEMORY, NU_LOG_FORGET)
     _pair_difference(block.b[:k, :, 0], torch.eye(k, dtype=lam.dtype), eps)
     block.c[:k, :k, 0] = torch.eye(k)
 
@@ -247,8 +253,8 @@ def _reset(model: SequenceStack, d: int, constant: bool) -> None:
     if constant:
         model.embed.bias[d] = 1.0
     for block in model.blocks:
-        block.theta_log.fill_(float("-inf"))
-        block.nu_log.fill_(float("inf"))  # unused neurons: λ = 0
+        block.theta_log.fill_(THETA_LOG_REAL)  # real λ everywhere
+        block.nu_log.fill_(NU_LOG_FORGET)  # unused neurons: λ = 0
 
 
 def _check_lru_stack(model: SequenceStack, variant: str, layers: int, size: dict[str, int], name: str) -> None:
@@ -305,6 +311,8 @@ def lru_in_skip_from_lsa(model: SequenceStack, w_v: torch.Tensor, w_k: torch.Ten
     approximates the causal LSA (W_V, W_K, W_Q): key-value neuron (i, j) stores S_ij = Σ v_i k_j, output gate
     pair (i, j) multiplies it by the query q_j = W_Q,j x that the skip branch reads from the token."""
     d, eps = w_v.shape[0], scale
+    if not w_v.shape == w_k.shape == w_q.shape == (d, d):
+        raise ValueError(f"the LRU In+Skip ⇐ LSA construction needs d × d W_V, W_K, W_Q, got {[tuple(w.shape) for w in (w_v, w_k, w_q)]}")
     _check_io(model, d, d, scale, "the LRU In+Skip ⇐ LSA construction")
     _check_lru_stack(model, "in_skip", 1, lru_in_skip_lsa_size(d), "the LRU In+Skip ⇐ LSA construction")
     _reset(model, d, constant=False)
