@@ -19,28 +19,25 @@ rounding, amplified by the read-out weights, takes over; the constructions are `
 
 Glossary (gated RNN, zoo/science/models/gated_rnn.py): x̃ = [x, 1]; `w_m_in, w_x_in` = W_m^in, W_x^in (n × (d+1));
 λ (n); `w_m_out, w_x_out` = W_m^out, W_x^out (m × n); `readout_matrix` = D (d_out × m); ε = `scale`.
-The stack's embedding puts the token in channels 0…d−1 and, where x̃'s constant is needed, 1 in channel d
+`model` is a stack (zoo/science/models/stack.py: embedding → blocks → head, `model.blocks`), `arch` its
+`RecurrentStackArch`; the names stay unimported here, as stack.py imports this file. The stack's embedding
+puts the token in channels 0…d−1 and, where x̃'s constant is needed, 1 in channel d
 (its bias); the stack has no residual connections (Zucchet's comparison has none).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from pydantic import Field
 
-from zoo.science.models.base import ConstructionRule
+from zoo.science.models.base import ConstructionRule, ZooModel
 from zoo.science.models.classic_rnn import LSTMBlock
 from zoo.science.models.gated_rnn import GatedLinearRNN, RNNFromLSAKnobs, compact_problem, rnn_from_lsa, rnn_size
 from zoo.science.models.lru import LRUBlock
 from zoo.science.models.lsa import ImplementedLSA, implemented_lsa, lsa_problem, lsa_width
 
-if TYPE_CHECKING:
-    from zoo.science.models.stack import RecurrentStackArch, SequenceStack
 
-
-def _check_io(model: SequenceStack, d_in: int, d_out: int, scale: float, name: str) -> None:
+def _check_io(model: ZooModel, d_in: int, d_out: int, scale: float, name: str) -> None:
     """The stack reads and writes what the source model does, and ε > 0."""
     if (model.d_in, model.d_out) != (d_in, d_out):
         raise ValueError(f"{name}: the stack maps {model.d_in} → {model.d_out} channels, the model it stands for {d_in} → {d_out}")
@@ -74,7 +71,7 @@ def lstm_width(d: int) -> int:
 
 
 @torch.no_grad()
-def lstm_from_lsa(model: SequenceStack, w_v: torch.Tensor, w_k: torch.Tensor, w_q: torch.Tensor, scale: float) -> SequenceStack:
+def lstm_from_lsa(model: ZooModel, w_v: torch.Tensor, w_k: torch.Tensor, w_q: torch.Tensor, scale: float) -> ZooModel:
     d = w_v.shape[0]
     _check_io(model, d, d, scale, "the LSTM construction")
     block = model.blocks[0]
@@ -128,7 +125,7 @@ def _logit(p: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def lstm_from_gated_rnn(model: SequenceStack, rnn: GatedLinearRNN, scale: float) -> SequenceStack:
+def lstm_from_gated_rnn(model: ZooModel, rnn: GatedLinearRNN, scale: float) -> ZooModel:
     """Set `model` (two LSTM layers of width `lstm2_width(n, m)`, no residual) to the stack that
     approximates the diagonal gated RNN `rnn`, in place; returns it."""
     n, m, d = rnn.hidden, rnn.gates, rnn.d_in
@@ -244,7 +241,7 @@ def _pass_through(block: LRUBlock, channels: int) -> None:
     block.w_x[:channels, :channels] = 2 * torch.eye(channels)
 
 
-def _reset(model: SequenceStack, d: int, constant: bool) -> None:
+def _reset(model: ZooModel, d: int, constant: bool) -> None:
     """Every weight 0 (γ = 1, no phase); the embedding puts the token in channels 0…d−1 and, with `constant`,
     x̃'s 1 in channel d."""
     for p in model.parameters():
@@ -257,7 +254,7 @@ def _reset(model: SequenceStack, d: int, constant: bool) -> None:
         block.nu_log.fill_(NU_LOG_FORGET)  # unused neurons: λ = 0
 
 
-def _check_lru_stack(model: SequenceStack, variant: str, layers: int, size: dict[str, int], name: str) -> None:
+def _check_lru_stack(model: ZooModel, variant: str, layers: int, size: dict[str, int], name: str) -> None:
     blocks = model.blocks
     if (len(blocks) != layers or model.residual or any(not isinstance(b, LRUBlock) or b.variant != variant for b in blocks)
             or any(b.w_m.shape[0] != size["width"] or b.hidden != size["hidden"] for b in blocks)):
@@ -266,7 +263,7 @@ def _check_lru_stack(model: SequenceStack, variant: str, layers: int, size: dict
 
 
 @torch.no_grad()
-def lru_from_gated_rnn(model: SequenceStack, rnn: GatedLinearRNN, scale: float) -> SequenceStack:
+def lru_from_gated_rnn(model: ZooModel, rnn: GatedLinearRNN, scale: float) -> ZooModel:
     """Set `model` (LRU layers of one variant: In+Out ×1, Out ×2 or In+Skip ×2, sized by `lru_size`, no
     residual) to the stack that approximates the diagonal gated RNN `rnn`, in place; returns it."""
     if rnn.recurrence != "diagonal":
@@ -305,8 +302,8 @@ def lru_from_gated_rnn(model: SequenceStack, rnn: GatedLinearRNN, scale: float) 
 
 
 @torch.no_grad()
-def lru_in_skip_from_lsa(model: SequenceStack, w_v: torch.Tensor, w_k: torch.Tensor, w_q: torch.Tensor,
-                         scale: float) -> SequenceStack:
+def lru_in_skip_from_lsa(model: ZooModel, w_v: torch.Tensor, w_k: torch.Tensor, w_q: torch.Tensor,
+                         scale: float) -> ZooModel:
     """Set `model` (one LRU In+Skip layer sized by `lru_in_skip_lsa_size(d)`, no residual) to the layer that
     approximates the causal LSA (W_V, W_K, W_Q): key-value neuron (i, j) stores S_ij = Σ v_i k_j, output gate
     pair (i, j) multiplies it by the query q_j = W_Q,j x that the skip branch reads from the token."""
@@ -329,7 +326,7 @@ class LSTMFromLSAKnobs(ImplementedLSA):
     scale: float = Field(0.01, gt=0)  # linearisation scale ε (error O(ε²) until rounding)
 
 
-def _lstm_from_lsa_problem(arch: RecurrentStackArch, task, source) -> str | None:
+def _lstm_from_lsa_problem(arch, task, source) -> str | None:
     problem = lsa_problem(task, source)
     if problem:
         return problem
@@ -339,7 +336,7 @@ def _lstm_from_lsa_problem(arch: RecurrentStackArch, task, source) -> str | None
     return None
 
 
-def _apply_lstm_from_lsa(model: SequenceStack, task, source, validation_batch=None) -> dict:
+def _apply_lstm_from_lsa(model: ZooModel, task, source, validation_batch=None) -> dict:
     weights, info = implemented_lsa(task, source, validation_batch)
     lstm_from_lsa(model, *weights, scale=source.scale)
     return {**info, "scale": source.scale}
@@ -353,7 +350,7 @@ def _lstm2_width_for(task, source) -> int:
     return lstm2_width(**rnn_size(lsa_width(task), source.compact))
 
 
-def _lstm_from_gated_rnn_problem(arch: RecurrentStackArch, task, source) -> str | None:
+def _lstm_from_gated_rnn_problem(arch, task, source) -> str | None:
     problem = lsa_problem(task, source) or compact_problem(source)
     if problem:
         return problem
@@ -363,7 +360,7 @@ def _lstm_from_gated_rnn_problem(arch: RecurrentStackArch, task, source) -> str 
     return None
 
 
-def _apply_lstm_from_gated_rnn(model: SequenceStack, task, source, validation_batch=None) -> dict:
+def _apply_lstm_from_gated_rnn(model: ZooModel, task, source, validation_batch=None) -> dict:
     """The LSA (θ_GD or the teacher) → the gated RNN that implements it exactly (float64) → two LSTM layers."""
     weights, info = implemented_lsa(task, source, validation_batch)
     rnn = GatedLinearRNN(model.d_in, model.d_out, model.readout, **rnn_size(lsa_width(task), source.compact)).double()
@@ -376,7 +373,7 @@ class LRUFromGatedRNNKnobs(RNNFromLSAKnobs):
     scale: float = Field(0.01, gt=0)  # linearisation scale ε of the paired gates (error O(ε²) until rounding)
 
 
-def _lru_from_gated_rnn_problem(arch: RecurrentStackArch, task, source) -> str | None:
+def _lru_from_gated_rnn_problem(arch, task, source) -> str | None:
     problem = lsa_problem(task, source) or compact_problem(source)
     if problem:
         return problem
@@ -389,7 +386,7 @@ def _lru_from_gated_rnn_problem(arch: RecurrentStackArch, task, source) -> str |
     return None
 
 
-def _apply_lru_from_gated_rnn(model: SequenceStack, task, source, validation_batch=None) -> dict:
+def _apply_lru_from_gated_rnn(model: ZooModel, task, source, validation_batch=None) -> dict:
     """The LSA (θ_GD or the teacher) → the gated RNN that implements it exactly (float64) → LRU layers."""
     weights, info = implemented_lsa(task, source, validation_batch)
     rnn = GatedLinearRNN(model.d_in, model.d_out, model.readout, **rnn_size(lsa_width(task), source.compact)).double()
@@ -398,7 +395,7 @@ def _apply_lru_from_gated_rnn(model: SequenceStack, task, source, validation_bat
     return {**info, "compact": source.compact, "scale": source.scale}
 
 
-def _lru_in_skip_from_lsa_problem(arch: RecurrentStackArch, task, source) -> str | None:
+def _lru_in_skip_from_lsa_problem(arch, task, source) -> str | None:
     problem = lsa_problem(task, source)
     if problem:
         return problem
@@ -410,7 +407,7 @@ def _lru_in_skip_from_lsa_problem(arch: RecurrentStackArch, task, source) -> str
     return None
 
 
-def _apply_lru_in_skip_from_lsa(model: SequenceStack, task, source, validation_batch=None) -> dict:
+def _apply_lru_in_skip_from_lsa(model: ZooModel, task, source, validation_batch=None) -> dict:
     weights, info = implemented_lsa(task, source, validation_batch)
     lru_in_skip_from_lsa(model, *weights, scale=source.scale)
     return {**info, "scale": source.scale}
