@@ -1,5 +1,6 @@
-"""The deep stacks' constructions: LSTM and LRU layers set to stand for a linear self-attention layer or a
-diagonal gated RNN (Zucchet et al. 2023, Appendix A, Tables 3–4).
+"""The math of the deep stacks' constructions: LSTM and LRU layers set to stand for a linear self-attention
+layer or a diagonal gated RNN (Zucchet et al. 2023, Appendix A, Tables 3–4). The stack family
+(zoo/science/models/stack.py) registers them: when each applies, its knobs, what it records.
 
 Table 3 counts the layers each type needs "to exactly implement our simplified class of gated RNNs and
 linear self-attention":
@@ -28,13 +29,11 @@ puts the token in channels 0…d−1 and, where x̃'s constant is needed, 1 in c
 from __future__ import annotations
 
 import torch
-from pydantic import Field
 
-from zoo.science.models.base import ConstructionRule, ZooModel
+from zoo.science.models.base import ZooModel
 from zoo.science.models.classic_rnn import LSTMBlock
-from zoo.science.models.gated_rnn import GatedLinearRNN, RNNFromLSAKnobs, compact_problem, rnn_from_lsa, rnn_size
+from zoo.science.models.gated_rnn import GatedLinearRNN
 from zoo.science.models.lru import LRUBlock
-from zoo.science.models.lsa import ImplementedLSA, implemented_lsa, lsa_problem, lsa_width
 
 
 def _check_io(model: ZooModel, d_in: int, d_out: int, scale: float, name: str) -> None:
@@ -320,109 +319,3 @@ def lru_in_skip_from_lsa(model: ZooModel, w_v: torch.Tensor, w_k: torch.Tensor, 
     _paired_gating(block.w_m, block.w_x, torch.stack([w_q[j] for _, j in pairs]), torch.eye(len(pairs), dtype=w_v.dtype), eps)
     _pair_difference(model.head.weight, torch.stack([torch.tensor([float(i == r) for i, _ in pairs]) for r in range(d)]).to(w_v.dtype), eps)
     return model
-
-
-class LSTMFromLSAKnobs(ImplementedLSA):
-    scale: float = Field(0.01, gt=0)  # linearisation scale ε (error O(ε²) until rounding)
-
-
-def _lstm_from_lsa_problem(arch, task, source) -> str | None:
-    problem = lsa_problem(task, source)
-    if problem:
-        return problem
-    d = lsa_width(task)
-    if arch.type != "lstm" or arch.n_layers != 1 or arch.width != lstm_width(d) or arch.residual:
-        return f"'lstm_from_lsa' needs one 'lstm' layer of width 4d² = {lstm_width(d)} without residual"
-    return None
-
-
-def _apply_lstm_from_lsa(model: ZooModel, task, source, validation_batch=None) -> dict:
-    weights, info = implemented_lsa(task, source, validation_batch)
-    lstm_from_lsa(model, *weights, scale=source.scale)
-    return {**info, "scale": source.scale}
-
-
-class LSTMFromGatedRNNKnobs(RNNFromLSAKnobs):
-    scale: float = Field(0.01, gt=0)  # linearisation scale ε of both layers (error O(ε²) until rounding)
-
-
-def _lstm2_width_for(task, source) -> int:
-    return lstm2_width(**rnn_size(lsa_width(task), source.compact))
-
-
-def _lstm_from_gated_rnn_problem(arch, task, source) -> str | None:
-    problem = lsa_problem(task, source) or compact_problem(source)
-    if problem:
-        return problem
-    width = _lstm2_width_for(task, source)
-    if arch.type != "lstm" or arch.n_layers != 2 or arch.width != width or arch.residual:
-        return f"'lstm_from_gated_rnn' needs two 'lstm' layers of width 2·max(n, m) = {width} without residual"
-    return None
-
-
-def _apply_lstm_from_gated_rnn(model: ZooModel, task, source, validation_batch=None) -> dict:
-    """The LSA (θ_GD or the teacher) → the gated RNN that implements it exactly (float64) → two LSTM layers."""
-    weights, info = implemented_lsa(task, source, validation_batch)
-    rnn = GatedLinearRNN(model.d_in, model.d_out, model.readout, **rnn_size(lsa_width(task), source.compact)).double()
-    rnn_from_lsa(rnn, *(w.double() for w in weights), compact=source.compact)
-    lstm_from_gated_rnn(model, rnn, scale=source.scale)
-    return {**info, "compact": source.compact, "scale": source.scale}
-
-
-class LRUFromGatedRNNKnobs(RNNFromLSAKnobs):
-    scale: float = Field(0.01, gt=0)  # linearisation scale ε of the paired gates (error O(ε²) until rounding)
-
-
-def _lru_from_gated_rnn_problem(arch, task, source) -> str | None:
-    problem = lsa_problem(task, source) or compact_problem(source)
-    if problem:
-        return problem
-    d = lsa_width(task)
-    size = lru_size(**rnn_size(d, source.compact), d=d, variant=arch.variant)
-    layers = LRU_LAYERS[arch.variant]
-    if arch.n_layers != layers or arch.width != size["width"] or arch.hidden != size["hidden"] or arch.residual is not False:
-        return (f"'lru_from_gated_rnn' with variant {arch.variant!r} needs {layers} 'lru' layer(s) of width {size['width']}, "
-                f"hidden {size['hidden']} and residual = false")
-    return None
-
-
-def _apply_lru_from_gated_rnn(model: ZooModel, task, source, validation_batch=None) -> dict:
-    """The LSA (θ_GD or the teacher) → the gated RNN that implements it exactly (float64) → LRU layers."""
-    weights, info = implemented_lsa(task, source, validation_batch)
-    rnn = GatedLinearRNN(model.d_in, model.d_out, model.readout, **rnn_size(lsa_width(task), source.compact)).double()
-    rnn_from_lsa(rnn, *(w.double() for w in weights), compact=source.compact)
-    lru_from_gated_rnn(model, rnn, scale=source.scale)
-    return {**info, "compact": source.compact, "scale": source.scale}
-
-
-def _lru_in_skip_from_lsa_problem(arch, task, source) -> str | None:
-    problem = lsa_problem(task, source)
-    if problem:
-        return problem
-    size = lru_in_skip_lsa_size(lsa_width(task))
-    if (arch.variant != "in_skip" or arch.n_layers != 1 or arch.width != size["width"] or arch.hidden != size["hidden"]
-            or arch.residual is not False):
-        return (f"'lru_in_skip_from_lsa' needs one 'lru' layer of variant 'in_skip', width {size['width']}, "
-                f"hidden {size['hidden']} and residual = false")
-    return None
-
-
-def _apply_lru_in_skip_from_lsa(model: ZooModel, task, source, validation_batch=None) -> dict:
-    weights, info = implemented_lsa(task, source, validation_batch)
-    lru_in_skip_from_lsa(model, *weights, scale=source.scale)
-    return {**info, "scale": source.scale}
-
-
-STACK_CONSTRUCTIONS = {
-    "lstm_from_lsa": ConstructionRule(_lstm_from_lsa_problem, _apply_lstm_from_lsa, "an LSTM layer ≈ an LSA layer, exact as ε → 0",
-                                      arch_types=("lstm",), knobs=LSTMFromLSAKnobs, exact=False),
-    "lstm_from_gated_rnn": ConstructionRule(_lstm_from_gated_rnn_problem, _apply_lstm_from_gated_rnn,
-                                            "two LSTM layers ≈ the gated RNN that implements an LSA layer, exact as ε → 0",
-                                            arch_types=("lstm",), knobs=LSTMFromGatedRNNKnobs, exact=False),
-    "lru_from_gated_rnn": ConstructionRule(_lru_from_gated_rnn_problem, _apply_lru_from_gated_rnn,
-                                           "LRU layers (In+Out ×1, Out ×2, In+Skip ×2) ≈ the gated RNN that implements an LSA "
-                                           "layer, exact as ε → 0", arch_types=("lru",), knobs=LRUFromGatedRNNKnobs, exact=False),
-    "lru_in_skip_from_lsa": ConstructionRule(_lru_in_skip_from_lsa_problem, _apply_lru_in_skip_from_lsa,
-                                             "one LRU In+Skip layer ≈ an LSA layer, exact as ε → 0", arch_types=("lru",),
-                                             knobs=LSTMFromLSAKnobs, exact=False),
-}
