@@ -284,6 +284,21 @@ def test_lstm_construction_approaches_the_lsa_as_epsilon_shrinks():
         assert 50 < coarse / fine < 200  # ε² scaling: ×100 per decade
 
 
+SCALES = (0.03, 0.01, 0.003, 0.001)  # ε, a factor of ~3 apart: the error should fall ×9 to ×11 each step
+
+
+def _assert_error_falls_as_eps_squared(construct, tokens, ref, final: float) -> None:
+    """`construct(ε)` → the model for each ε in SCALES: its relative error to `ref` on `tokens`, float64, falls
+    within 0.6–1.5× of ε² per step and ends below `final`."""
+    errors = []
+    for eps in SCALES:
+        with torch.no_grad():
+            errors.append(((construct(eps)(tokens) - ref).norm() / ref.norm()).item())
+    assert errors[-1] < final, errors
+    for (coarse, fine), (big, small) in zip(zip(errors, errors[1:]), zip(SCALES, SCALES[1:])):
+        assert 0.6 * (big / small) ** 2 < coarse / fine < 1.5 * (big / small) ** 2, errors  # ε² scaling
+
+
 def test_two_lstm_layers_approach_a_gated_rnn_as_epsilon_shrinks():
     """Table 4 (right): two LSTM layers ≈ any diagonal gated RNN of Eq. 2, here a random one with
     memory (λ = 1), forget (λ = 0) and leaky neurons, on fresh tasks in float64. Relative error O(ε²)
@@ -296,15 +311,9 @@ def test_two_lstm_layers_approach_a_gated_rnn_as_epsilon_shrinks():
     b = task.sample(200, seed=1, dtype=torch.float64)
     with torch.no_grad():
         ref = rnn(b.tokens)  # every position's output, not only the query's
-    errors = []
-    for eps in (0.03, 0.01, 0.003, 0.001):
-        model = create_model(RecurrentStackArch(type="lstm", width=lstm2_width(10, 7), n_layers=2), task).double()
-        lstm_from_gated_rnn(model, rnn, scale=eps)
-        with torch.no_grad():
-            errors.append(((model(b.tokens) - ref).norm() / ref.norm()).item())
-    assert errors[-1] < 1e-4
-    for (coarse, fine), ratio in zip(zip(errors, errors[1:]), (3, 10 / 3, 3)):
-        assert 0.6 * ratio**2 < coarse / fine < 1.5 * ratio**2, errors  # ε² scaling
+    arch = RecurrentStackArch(type="lstm", width=lstm2_width(10, 7), n_layers=2)
+    _assert_error_falls_as_eps_squared(lambda eps: lstm_from_gated_rnn(create_model(arch, task).double(), rnn, scale=eps),
+                                       b.tokens, ref, final=1e-4)
 
 
 def test_the_two_lstm_construction_checks_its_stack():
@@ -359,14 +368,8 @@ def test_lru_layers_approach_a_gated_rnn_as_epsilon_shrinks(variant, hidden, gat
         ref = rnn(b.tokens)
     arch = RecurrentStackArch(type="lru", variant=variant, n_layers=LRU_LAYERS[variant], residual=False,
                               **lru_size(hidden, gates, task.token_dim, variant))
-    errors = []
-    for eps in (0.03, 0.01, 0.003, 0.001):
-        model = lru_from_gated_rnn(create_model(arch, task).double(), rnn, scale=eps)
-        with torch.no_grad():
-            errors.append(((model(b.tokens) - ref).norm() / ref.norm()).item())
-    assert errors[-1] < 1e-4
-    for (coarse, fine), ratio in zip(zip(errors, errors[1:]), (3, 10 / 3, 3)):
-        assert 0.6 * ratio**2 < coarse / fine < 1.5 * ratio**2, errors  # ε² scaling
+    _assert_error_falls_as_eps_squared(lambda eps: lru_from_gated_rnn(create_model(arch, task).double(), rnn, scale=eps),
+                                       b.tokens, ref, final=1e-4)
 
 
 def test_one_lru_in_skip_layer_approaches_an_lsa_as_epsilon_shrinks():
@@ -384,14 +387,9 @@ def test_one_lru_in_skip_layer_approaches_an_lsa_as_epsilon_shrinks():
     with torch.no_grad():
         ref = lsa(b.tokens)
     arch = RecurrentStackArch(type="lru", variant="in_skip", residual=False, **lru_in_skip_lsa_size(d))
-    errors = []
-    for eps in (0.03, 0.01, 0.003, 0.001):
-        model = lru_in_skip_from_lsa(create_model(arch, task).double(), *lsa_weights(lsa), scale=eps)
-        with torch.no_grad():
-            errors.append(((model(b.tokens) - ref).norm() / ref.norm()).item())
-    assert errors[-1] < 1e-5
-    for (coarse, fine), ratio in zip(zip(errors, errors[1:]), (3, 10 / 3, 3)):
-        assert 0.6 * ratio**2 < coarse / fine < 1.5 * ratio**2, errors
+    _assert_error_falls_as_eps_squared(
+        lambda eps: lru_in_skip_from_lsa(create_model(arch, task).double(), *lsa_weights(lsa), scale=eps), b.tokens, ref,
+        final=1e-5)
 
 
 def test_the_lru_constructions_check_their_stack():

@@ -160,7 +160,9 @@ def build(arch: RecurrentStackArch, task) -> SequenceStack:
 
 
 # ---------------------------------------------------------------------------- constructions (math: stack_constructions.py)
-class LSTMFromLSAKnobs(ImplementedLSA):
+class LinearisedLSAKnobs(ImplementedLSA):
+    """An LSA layer's stand-in with linearised gates (`lstm_from_lsa`, `lru_in_skip_from_lsa`)."""
+
     scale: float = Field(0.01, gt=0)  # linearisation scale ε (error O(ε²) until rounding)
 
 
@@ -180,8 +182,18 @@ def _apply_lstm_from_lsa(model: SequenceStack, task, source, validation_batch=No
     return {**info, "scale": source.scale}
 
 
-class LSTMFromGatedRNNKnobs(RNNFromLSAKnobs):
-    scale: float = Field(0.01, gt=0)  # linearisation scale ε of both layers (error O(ε²) until rounding)
+class LinearisedRNNKnobs(RNNFromLSAKnobs):
+    """A gated RNN's stand-in with linearised gates (`lstm_from_gated_rnn`, `lru_from_gated_rnn`)."""
+
+    scale: float = Field(0.01, gt=0)  # linearisation scale ε of every paired gate (error O(ε²) until rounding)
+
+
+def _implemented_gated_rnn(model: SequenceStack, task, source, validation_batch=None) -> tuple[GatedLinearRNN, dict]:
+    """The LSA (θ_GD or the teacher) → the gated RNN that implements it exactly (float64), and what to record."""
+    weights, info = implemented_lsa(task, source, validation_batch)
+    rnn = GatedLinearRNN(model.d_in, model.d_out, model.readout, **rnn_size(lsa_width(task), source.compact)).double()
+    rnn_from_lsa(rnn, *(w.double() for w in weights), compact=source.compact)
+    return rnn, {**info, "compact": source.compact, "scale": source.scale}
 
 
 def _lstm2_width_for(task, source) -> int:
@@ -200,15 +212,9 @@ def _lstm_from_gated_rnn_problem(arch: RecurrentStackArch, task, source) -> str 
 
 def _apply_lstm_from_gated_rnn(model: SequenceStack, task, source, validation_batch=None) -> dict:
     """The LSA (θ_GD or the teacher) → the gated RNN that implements it exactly (float64) → two LSTM layers."""
-    weights, info = implemented_lsa(task, source, validation_batch)
-    rnn = GatedLinearRNN(model.d_in, model.d_out, model.readout, **rnn_size(lsa_width(task), source.compact)).double()
-    rnn_from_lsa(rnn, *(w.double() for w in weights), compact=source.compact)
+    rnn, info = _implemented_gated_rnn(model, task, source, validation_batch)
     lstm_from_gated_rnn(model, rnn, scale=source.scale)
-    return {**info, "compact": source.compact, "scale": source.scale}
-
-
-class LRUFromGatedRNNKnobs(RNNFromLSAKnobs):
-    scale: float = Field(0.01, gt=0)  # linearisation scale ε of the paired gates (error O(ε²) until rounding)
+    return info
 
 
 def _lru_from_gated_rnn_problem(arch: RecurrentStackArch, task, source) -> str | None:
@@ -226,11 +232,9 @@ def _lru_from_gated_rnn_problem(arch: RecurrentStackArch, task, source) -> str |
 
 def _apply_lru_from_gated_rnn(model: SequenceStack, task, source, validation_batch=None) -> dict:
     """The LSA (θ_GD or the teacher) → the gated RNN that implements it exactly (float64) → LRU layers."""
-    weights, info = implemented_lsa(task, source, validation_batch)
-    rnn = GatedLinearRNN(model.d_in, model.d_out, model.readout, **rnn_size(lsa_width(task), source.compact)).double()
-    rnn_from_lsa(rnn, *(w.double() for w in weights), compact=source.compact)
+    rnn, info = _implemented_gated_rnn(model, task, source, validation_batch)
     lru_from_gated_rnn(model, rnn, scale=source.scale)
-    return {**info, "compact": source.compact, "scale": source.scale}
+    return info
 
 
 def _lru_in_skip_from_lsa_problem(arch: RecurrentStackArch, task, source) -> str | None:
@@ -253,16 +257,16 @@ def _apply_lru_in_skip_from_lsa(model: SequenceStack, task, source, validation_b
 
 STACK_CONSTRUCTIONS = {
     "lstm_from_lsa": ConstructionRule(_lstm_from_lsa_problem, _apply_lstm_from_lsa, "an LSTM layer ≈ an LSA layer, exact as ε → 0",
-                                      arch_types=("lstm",), knobs=LSTMFromLSAKnobs, exact=False),
+                                      arch_types=("lstm",), knobs=LinearisedLSAKnobs, exact=False),
     "lstm_from_gated_rnn": ConstructionRule(_lstm_from_gated_rnn_problem, _apply_lstm_from_gated_rnn,
                                             "two LSTM layers ≈ the gated RNN that implements an LSA layer, exact as ε → 0",
-                                            arch_types=("lstm",), knobs=LSTMFromGatedRNNKnobs, exact=False),
+                                            arch_types=("lstm",), knobs=LinearisedRNNKnobs, exact=False),
     "lru_from_gated_rnn": ConstructionRule(_lru_from_gated_rnn_problem, _apply_lru_from_gated_rnn,
                                            "LRU layers (In+Out ×1, Out ×2, In+Skip ×2) ≈ the gated RNN that implements an LSA "
-                                           "layer, exact as ε → 0", arch_types=("lru",), knobs=LRUFromGatedRNNKnobs, exact=False),
+                                           "layer, exact as ε → 0", arch_types=("lru",), knobs=LinearisedRNNKnobs, exact=False),
     "lru_in_skip_from_lsa": ConstructionRule(_lru_in_skip_from_lsa_problem, _apply_lru_in_skip_from_lsa,
                                              "one LRU In+Skip layer ≈ an LSA layer, exact as ε → 0", arch_types=("lru",),
-                                             knobs=LSTMFromLSAKnobs, exact=False),
+                                             knobs=LinearisedLSAKnobs, exact=False),
 }
 
 
