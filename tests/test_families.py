@@ -420,10 +420,12 @@ def test_the_lru_constructions_check_their_stack():
 
 
 @pytest.mark.parametrize("name", ["lru-in-out-gd-zucchet-icl", "lru-out-2l-gd-zucchet-icl", "lru-in-skip-2l-gd-zucchet-icl",
-                                  "lru-in-skip-gd-zucchet-icl", "lstm2-gd-zucchet-icl"])
+                                  "lru-in-skip-gd-zucchet-icl", "lstm2-gd-zucchet-icl", "gated-rnn-gd-zucchet-icl",
+                                  "gated-rnn-teacher-d4", "gated-rnn-teacher-d4-compact", "gated-rnn-teacher-d6"])
 def test_training_can_start_from_a_constructed_stack(name):
-    """λ = 0 and 1 are finite stand-ins (ν^log = 20, −100), not ±∞, whose gradient is 0 · ∞ = NaN: every
-    gradient of a constructed stack is finite, and one optimiser step leaves the weights finite."""
+    """λ = 1 and 0 are finite stand-ins (ν = −100 and 20 in the gated RNN, ν^log = −100 and 20 in the LRU), not
+    ν = ∓∞, whose weights are not finite and whose gradient at +∞ is ∞ · 0 = NaN: every gradient of a
+    constructed model is finite, and one optimiser step leaves the weights finite."""
     from zoo.science.constructions import construct
     from zoo.science.registry import get_entry, get_task_spec
 
@@ -432,7 +434,8 @@ def test_training_can_start_from_a_constructed_stack(name):
     model = create_model(entry.arch, task)
     construct(entry, model, task)
     b = task.sample(32, seed=2)
-    task.loss(model.predict(b.tokens), b.query_targets).backward()
+    targets = b.query_targets if hasattr(b, "query_targets") else b.targets  # regression: the query; teacher: every t
+    task.loss(model.predict(b.tokens), targets).backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
     torch.optim.SGD(model.parameters(), lr=1e-6).step()
     assert all(torch.isfinite(p).all() for p in model.parameters())

@@ -8,8 +8,9 @@
 
 The output at t includes x_t, like a causally masked attention layer that attends to itself.
 The instantaneous map x ↦ D g_out(g_in(x̃)) is a degree-4 polynomial (zoo/science/analysis/polynomial.py).
-ν = −∞ gives a perfect-memory neuron (λ = 1) and ν = +∞ a perfect-forget neuron (λ = 0):
-the constructions use both exactly.
+ν = −100 gives a perfect-memory neuron (λ = exp(−e⁻¹⁰⁰) = 1 exactly in float32 and float64) and ν = 20 a
+perfect-forget one (λ = exp(−e²⁰) = 0 exactly): the constructions use both. They stand for ν = ∓∞, which give
+the same λ but not a finite weight to train from (at +∞ the gradient is e^∞ · 0 = NaN).
 
 Glossary: `w_m_in, w_x_in` = W_m^in, W_x^in (n × (d+1)); `nu` = ν (n); `w_rec` = A (dense variant); `w_m_out, w_x_out` =
 W_m^out, W_x^out (m × n); `readout` = D (d_out × m); n = `hidden`, m = `gates`.
@@ -44,8 +45,8 @@ from zoo.science.models.scan import last_state, scan
 from zoo.science.schema import Strict
 from zoo.science.tasks.regression import Readout
 
-PERFECT_MEMORY = float("-inf")  # ν = −∞ → λ = exp(−exp(−∞)) = 1
-PERFECT_FORGET = float("inf")  # ν = +∞ → λ = 0
+PERFECT_MEMORY = -100.0  # ν = −100 → λ = exp(−3.7e-44) = 1 exactly, a finite weight (for ν = −∞)
+PERFECT_FORGET = 20.0  # ν = 20 → λ = exp(−4.9e8) = 0 exactly, with a finite gradient (for ν = +∞, whose is NaN)
 
 
 class GatedLinearRNN(ZooModel):
