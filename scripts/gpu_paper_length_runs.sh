@@ -9,8 +9,9 @@
 # N = N_x, Figure 9 at C = 100 and the LRU In+Out student have since run on the CPU.
 # From the repo root, stage by stage:
 #   lease SECONDS COMMIT  one device call of at most SECONDS (a 15-minute lease): benchmarks/streaming_gpu.py
-#             (1,024 streams on CUDA), Table 2 at the paper's recipe (4 seeds, 300k steps), the GRU d = 6
-#             student's release build beside it (with --time-budget); everything comes back under $OUT (unfinished runs with their resumable state).
+#             (1,024 streams on CUDA), Table 2 at the paper's recipe (4 seeds, 300k steps); everything comes back
+#             under $OUT (unfinished runs with their resumable state). (The GRU d = 6 student it also built has since
+#             run its whole recipe on the CPU.)
 #             COMMIT is the commit the tree was copied from (the copy has no .git; it goes in provenance).
 #             Carry .whl (pydantic and its needs) and .zoo-cache (the frozen splits, verified by hash on load).
 #   launch    the sweep processes in the background (setsid), logs in /tmp/gpu-runs
@@ -40,18 +41,14 @@ lease)
   timeout 150 python3 benchmarks/streaming_gpu.py --json $out/streaming-gpu.json 2>&1 | tee $out/streaming-gpu.log | tail -n 12
   echo "streaming done at ${SECONDS}s"
   start table-2 "zoo sweep sweeps/table-2-paper-recipe.toml --out $RUNS/table-2-paper-recipe --quiet"
-  start release-gru "zoo release build --only gru-student-d6 --root $RUNS/release-gru --force --device ${DEVICE:-cuda} --time-budget $((budget - SECONDS - 300))"
   sleep 20
   while [ $SECONDS -lt $((budget - 30)) ] && running sweep; do sleep 5; done
   echo "table 2 sweep ended or stopped at ${SECONDS}s"
-  # (lru-in-out-student-d6, once built here in the time left, has run its whole recipe on the CPU)
-  while [ $SECONDS -lt $((budget - 30)) ] && running release; do sleep 5; done
   pkill -f zoo.cli; sleep 3
   for f in $RUNS/*/.ensembles/*/train_state.json; do [ -e "$f" ] && python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print(sys.argv[1], m['step'])" "$f"; done
   for f in $RUNS/*.log; do echo "== $f"; tail -c 400 $f | tr "\r" "\n" | tail -n 3; done
-  # unfinished runs keep their training state; each release build wrote its own root (no shared index.json)
-  (cd $RUNS && tar czf $out/runs.tar.gz --exclude='*.onnx' --exclude='release-*' .)
-  (cd $RUNS && tar czf $out/release.tar.gz $(ls -d release-* 2>/dev/null))
+  # unfinished runs keep their training state
+  (cd $RUNS && tar czf $out/runs.tar.gz --exclude='*.onnx' .)
   ls -la $out; echo "done at ${SECONDS}s"
   ;;
 launch)

@@ -4,9 +4,9 @@
 # of 1-4 of them (reports/blogpost-2024/figure-7.md). What it runs now, the rest of that list:
 #   - seeds 1-2 of the 5-layer blogpost-sized softmax transformer (sweeps/figure-7-blogpost-size.toml);
 #   - Zucchet Fig. 5's LRU size grid, 3 seeds, 30k of the 300k recipe steps (sweeps/figure-5.toml);
-#   - an entry still short of its recipe, released with --time-budget (the whole recipe if the GPU runs it in
-#     time; else as many steps as fit, said as such): ENTRY (default gru-student-d6; lru-in-out-student-d6 has
-#     since run its whole recipe on the CPU).
+#   - optionally an entry to (re)build, released with --time-budget (the whole recipe if the GPU runs it in
+#     time; else as many steps as fit, said as such): ENTRY. None is short of its recipe today (gru-student-d6 and
+#     lru-in-out-student-d6 have since run their whole recipes on the CPU), so there is no default.
 # Usage, from the repo root on the device machine:
 #   bash scripts/gpu_recipe_runs.sh SECONDS COMMIT [ENTRY]
 # SECONDS bounds the whole call; COMMIT is the commit the tree was copied from (it goes into every
@@ -28,7 +28,7 @@
 # Each call starts a bare machine: unfinished runs come back with their resumable state in runs.tar.gz (carry it
 # back under /tmp/gpu-runs by hand to resume them in a later call).
 set -u
-budget=${1:?seconds}; export ICL_ZOO_COMMIT=${2:?commit}; entry=${3:-gru-student-d6}; out=${OUT:?}
+budget=${1:?seconds}; export ICL_ZOO_COMMIT=${2:?commit}; entry=${3:-}; out=${OUT:?}
 RUNS=/tmp/gpu-runs
 export ICL_ZOO_CACHE=/tmp/zoo-cache MPLBACKEND=Agg PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1
 export GIT_DIR=/nonexistent  # provenance from ICL_ZOO_COMMIT, not from the copy's stale .git
@@ -45,7 +45,7 @@ python3 -m zoo.cli datasets verify linreg-d5-c10 teacher-student-d6 zucchet-icl 
   || { echo "frozen splits not ready (see datasets.log): stopping before any run"; tail -n 5 $out/datasets.log; exit 2; }
 start() { name=$1; shift; setsid nohup python3 -m zoo.cli "$@" > $RUNS/$name.log 2>&1 < /dev/null & }
 left=$((budget - SECONDS - 90))  # the release build stops itself inside the call, with 90 s for its eval and export
-start release release build --only $entry --root $RUNS/release-$entry --device cuda --force --time-budget $left
+[ -n "$entry" ] && start release release build --only $entry --root $RUNS/release-$entry --device cuda --force --time-budget $left
 start figure-7 sweep sweeps/figure-7-blogpost-size.toml --only softmax-tf-5l-d5-c10 --seeds 1 2 \
   --out $RUNS/figure-7-blogpost-size-5l --quiet
 start figure-5 sweep sweeps/figure-5.toml --ensemble --steps 30000 --seeds 0 1 2 --out $RUNS/figure-5-30k --quiet
