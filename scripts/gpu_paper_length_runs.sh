@@ -4,9 +4,10 @@
 # (the -b1 entry, AdamW; table-2.md: its `lease` stage has run, on an H200), Figure 5 over the full size grid
 # (figure-5.md), the context-size rows (reports/blogpost-2024/figure-9.md), the GD-SSM baselines, feature dimension
 # and sine waves (reports/sushma-tian-2024/), Sushma's Figure 2.C (n_o = f) at the paper's recipe, Zucchet's
-# Figures 3.A, 3.B below 16 neurons and 4.A (sweeps/figure-3a.toml, figure-3b-small.toml, figure-4a.toml), the
-# blogpost's depth sweeps of Figures 7–8 and 14–16, and Figure 10 at C = 100 (D = 5). Sushma's Figure 1.C at
-# N = N_x, Figure 9 at C = 100 and the LRU In+Out student have since run on the CPU.
+# Figures 3.A and 3.B below 16 neurons (sweeps/figure-3a.toml, figure-3b-small.toml), Figure 4.A's seeds 1-2 for a
+# spread (sweeps/figure-4a.toml; seed 0 of all six students is released at the full 1M steps), the blogpost's depth
+# sweeps of Figures 7–8 and 14–16, and Figure 10 at C = 100 (D = 5). Sushma's Figure 1.C at N = N_x, Figure 9 at
+# C = 100 and the LRU In+Out student have since run on the CPU.
 # From the repo root, stage by stage:
 #   lease SECONDS COMMIT  one device call of at most SECONDS (a 15-minute lease): benchmarks/streaming_gpu.py
 #             (1,024 streams on CUDA), Table 2 at the paper's recipe (4 seeds, 300k steps); everything comes back
@@ -63,7 +64,7 @@ launch)
   start gd-ssm     "zoo sweep sweeps/gd-ssm.toml --steps 20000 $GDSSM_LR --out $RUNS/gd-ssm --quiet;
                     zoo sweep sweeps/context-size.toml --steps 5000 --out $RUNS/context-size --quiet"
   start figure-3a  "zoo sweep sweeps/figure-3a.toml --out $RUNS/figure-3a --quiet;
-                    zoo sweep sweeps/figure-4a.toml --out $RUNS/figure-4a --quiet;
+                    zoo sweep sweeps/figure-4a.toml --seeds 1 2 --out $RUNS/figure-4a --quiet;
                     zoo sweep sweeps/figure-3b-small.toml --seeds 0 1 2 3 --out $RUNS/figure-3b-small --quiet"
   start blogpost   "zoo sweep sweeps/figure-10-d5.toml --set task.n_context=100 --out $RUNS/figure-10-d5 --quiet;
                     zoo sweep sweeps/figure-7-8.toml --out $RUNS/figure-7-8 --quiet;

@@ -16,7 +16,7 @@
 #   pydantic_core==2.46.4 annotated-types==0.7.0 typing-inspection==0.4.2 typing_extensions==4.15.0 datasets==5.2.0
 #   dill==0.4.1 multiprocess==0.70.19 fsspec==2026.9.0   (datasets' other needs, pandas, xxhash, pyyaml, tqdm,
 #   filelock and huggingface-hub, are in the image's package list: /work/.library/device/KINDS.md)
-# Everything comes back under $OUT: the release build (release.tar.gz), the sweeps' finished checkpoints
+# Everything comes back under $OUT: the release build (release.tar.gz, when ENTRY is given), the sweeps' finished checkpoints
 # (runs.tar.gz), each process's log, the device's name.
 # Two lessons of its first run (at ed3b43a, on an H100) are built in. The image has no `datasets`, which writes a
 # frozen split the first time it is built: every split the call needs is built before anything starts, and the
@@ -58,6 +58,6 @@ for f in $RUNS/*/.ensembles/*/train_state.json $RUNS/release-*/.work/*/train_sta
 done
 for f in $RUNS/*.log; do echo "== $f"; tail -c 600 $f | tr "\r" "\n" | tail -n 4; cp $f $out/; done
 # the release folders whole (ONNX included, and an unfinished build's resumable state); the sweeps without ONNX
-(cd $RUNS && tar czf $out/release.tar.gz $(ls -d release-* 2>/dev/null))
+[ -n "$entry" ] && (cd $RUNS && tar czf $out/release.tar.gz $(ls -d release-* 2>/dev/null))
 (cd $RUNS && tar czf $out/runs.tar.gz --exclude='*.log' --exclude='*.onnx' --exclude='release-*' .)
 ls -la $out; echo "done at ${SECONDS}s"

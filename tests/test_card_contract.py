@@ -112,3 +112,17 @@ def test_checkpoint_save_writes_no_card_the_builder_does(tmp_path):
     out = save(ckpt, tmp_path / "full")
     assert "<!-- icl-zoo model card" in (out / "README.md").read_text()
     assert zoo.load(out).metrics == ckpt.metrics
+
+
+def test_polynomial_table_ends_with_the_residual_norm(tmp_path):
+    """Table 2's card table lists the x_i² y_1 coefficients, then the residual norm, whatever order
+    eval_results.json holds them in (a JSON round trip may sort the keys: the residual came first)."""
+    from zoo.storage.card import write_card_and_figures
+
+    ckpt = zoo.load("gated-rnn-gd-zucchet-icl")
+    poly = ckpt.metrics["polynomial"]
+    ckpt.metrics["polynomial"] = {"residual norm": poly["residual norm"], **{k: v for k, v in poly.items() if k != "residual norm"}}
+    card = write_card_and_figures(ckpt, tmp_path, extra_metrics={}).read_text()
+    table = card.split("| term | this model | one GD step |\n|---|---|---|\n")[1].split("\n\n")[0].splitlines()
+    assert [row.split(" | ")[0] for row in table] == ["| x1^2 y1", "| x2^2 y1", "| x3^2 y1", "| residual norm"]
+    assert table[-1].endswith("| 0 |") and all(row.endswith("| 0.06757 |") for row in table[:-1])

@@ -422,7 +422,7 @@ def test_the_lru_constructions_check_their_stack():
 @pytest.mark.parametrize("name", ["lru-in-out-gd-zucchet-icl", "lru-out-2l-gd-zucchet-icl", "lru-in-skip-2l-gd-zucchet-icl",
                                   "lru-in-skip-gd-zucchet-icl", "lstm2-gd-zucchet-icl", "gated-rnn-gd-zucchet-icl",
                                   "gated-rnn-teacher-d4", "gated-rnn-teacher-d4-compact", "gated-rnn-teacher-d6"])
-def test_training_can_start_from_a_constructed_stack(name):
+def test_training_can_start_from_a_constructed_model(name):
     """λ = 1 and 0 are finite stand-ins (ν = −100 and 20 in the gated RNN, ν^log = −100 and 20 in the LRU), not
     ν = ∓∞, whose weights are not finite and whose gradient at +∞ is ∞ · 0 = NaN: every gradient of a
     constructed model is finite, and one optimiser step leaves the weights finite."""

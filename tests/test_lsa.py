@@ -156,9 +156,10 @@ def test_gd_rate_curve_peaks_at_the_rate_the_model_implements(rng):
     assert at["gd_loss"] == pytest.approx(task.loss(gd_predict(b, eta0), b.query_targets).item(), rel=1e-12)
 
 
-def _pair_coefficients(model, task, u, v, w) -> torch.Tensor:
-    """C[i, k] = the coefficient of (vᵀy_i)(uᵀx_k)(wᵀx_q) in the query prediction's first channel, for context
-    examples i, k (the mixed third derivative at the origin picks exactly that monomial of the polynomial)."""
+def _pair_coefficients(predict, task, u, v, w) -> torch.Tensor:
+    """C[i, k] = the coefficient of (vᵀy_i)(uᵀx_k)(wᵀx_q) in the first channel of `predict(batch)`, the query
+    prediction, for context examples i, k (the mixed third derivative at the origin picks exactly that monomial
+    of a polynomial)."""
     n = task.n_context
     out = torch.zeros(n, n, dtype=torch.float64)
     for i in range(n):
@@ -169,7 +170,7 @@ def _pair_coefficients(model, task, u, v, w) -> torch.Tensor:
             x = x.index_put((torch.tensor([0]), torch.tensor([k])), s[1] * u[None])
             x = x.index_put((torch.tensor([0]), torch.tensor([n])), s[2] * w[None], accumulate=True)
             y = y.index_put((torch.tensor([0]), torch.tensor([i])), s[0] * v[None])
-            f = model.predict(task.batch_from_arrays(x, y).tokens)[0, 0]
+            f = predict(task.batch_from_arrays(x, y))[0, 0]
             (g0,) = torch.autograd.grad(f, s, create_graph=True)
             (g1,) = torch.autograd.grad(g0[0], s, create_graph=True)
             (g2,) = torch.autograd.grad(g1[1], s)
@@ -187,19 +188,22 @@ def test_linear_transformers_cannot_pair_interleaved_examples():
     """The lsa-no-positions departure (Sushma Figure 6's linear transformers on x_1, y_1, …, x_N, y_N, x_q):
     one causal layer with a constant channel has no y_i x_kᵀ x_q term at all (each term of its sum reads one
     token besides the query); two layers have C[i, k] = α_i + β_k for k ≤ i, which GD's η δ_ik is not once
-    N ≥ 3. On random weights in float64; GD's own coefficients fail the second check."""
+    N ≥ 3. On random weights in float64. The same extraction on GD itself recovers η δ_ik (a check on the
+    extraction) and fails the α_i + β_k check (a check on the check), and three layers break the form."""
     task = LinearRegressionTask(d_x=2, d_y=2, n_context=4, layout="interleaved")
     g = torch.Generator().manual_seed(5)
     u, v, w = (torch.randn(2, generator=g, dtype=torch.float64) for _ in range(3))
-    torch.manual_seed(6)
-    one = LinearSelfAttention(task.token_dim, task.readout, attention="causal", constant=True, residual=False,
-                              init_std=0.7).double()
-    two = LinearSelfAttention(task.token_dim, task.readout, n_layers=2, attention="causal", constant=True,
-                              init_std=0.7).double()
-    c1, c2 = _pair_coefficients(one, task, u, v, w), _pair_coefficients(two, task, u, v, w)
+    with torch.random.fork_rng():  # the layers' initialisation draws from the global generator
+        torch.manual_seed(6)
+        models = [LinearSelfAttention(task.token_dim, task.readout, n_layers=n, attention="causal", constant=True,
+                                      residual=n > 1, init_std=0.7).double() for n in (1, 2, 3)]
+    c1, c2, c3 = (_pair_coefficients(lambda b, m=m: m.predict(b.tokens), task, u, v, w) for m in models)
     assert c1.abs().max() < 1e-12
     assert c2.abs().max() > 1e-2  # two layers do have such terms
     assert _differences_depend_on_the_row(c2) < 1e-10 * c2.abs().max()
+    assert _differences_depend_on_the_row(c3) > 1e-2 * c3.abs().max()  # not a property of every depth
     eta = 0.3  # GD: ŷ = η Σ_j y_j x_jᵀ x_q, so C = η (vᵀe_0)(uᵀw) I for the first output channel
-    c_gd = eta * v[0] * (u @ w) * torch.eye(task.n_context, dtype=torch.float64)
+    c_gd = _pair_coefficients(lambda b: gd_predict(b, eta), task, u, v, w)
+    torch.testing.assert_close(c_gd, eta * v[0] * (u @ w) * torch.eye(task.n_context, dtype=torch.float64),
+                               rtol=1e-12, atol=1e-12)
     assert _differences_depend_on_the_row(c_gd) > 0.1 * c_gd.abs().max()

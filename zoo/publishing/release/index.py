@@ -144,6 +144,16 @@ def _check_cell(c: dict) -> str:
     return cell.replace("|", "\\|")  # a table cell
 
 
+
+def _short_runs_sentence(short_runs: int) -> str:
+    """What the index says of trained entries that ran less than their recipe."""
+    if short_runs == 0:
+        return "Every trained entry ran its whole recipe (steps column)."
+    if short_runs == 1:
+        return "1 trained entry holds a **shorter run than its recipe** (steps column): its numbers are those of the shorter run."
+    return (f"{short_runs} trained entries hold a **shorter run than their recipe** (steps column): their numbers are "
+            "those of the shorter run.")
+
 def index_markdown(index: dict) -> str:
     """INDEX.md: the release's table, one row per entry, and the paper's words for every value checked."""
     rows = list(index["entries"].values())
@@ -166,9 +176,7 @@ def index_markdown(index: dict) -> str:
          f"Checked only against a reference the zoo computes (a closed form or a construction, not a paper verdict): "
          f"{counts['matches the reference']} match, {counts['differs from the reference']} differ. "
          f"{counts['no paper value']} have no expected value. "
-         + (f"{short_runs} trained entries hold a **shorter run than their recipe** (steps column): their numbers are "
-            "those of the shorter run." if short_runs != 1 else "1 trained entry holds a **shorter run than its recipe** "
-            "(steps column): its numbers are those of the shorter run.")
+         + _short_runs_sentence(short_runs)
          + f" {departing} entries declare departures from the paper's setting or recipe "
          "(departures column; each card gives what the paper says, what the zoo does and why)."),
         "",
