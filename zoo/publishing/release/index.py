@@ -144,7 +144,6 @@ def _check_cell(c: dict) -> str:
     return cell.replace("|", "\\|")  # a table cell
 
 
-
 def _short_runs_sentence(short_runs: int) -> str:
     """What the index says of trained entries that ran less than their recipe."""
     if short_runs == 0:
@@ -153,6 +152,7 @@ def _short_runs_sentence(short_runs: int) -> str:
         return "1 trained entry holds a **shorter run than its recipe** (steps column): its numbers are those of the shorter run."
     return (f"{short_runs} trained entries hold a **shorter run than their recipe** (steps column): their numbers are "
             "those of the shorter run.")
+
 
 def index_markdown(index: dict) -> str:
     """INDEX.md: the release's table, one row per entry, and the paper's words for every value checked."""

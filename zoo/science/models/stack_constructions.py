@@ -32,7 +32,7 @@ import torch
 
 from zoo.science.models.base import ZooModel
 from zoo.science.models.classic_rnn import LSTMBlock
-from zoo.science.models.gated_rnn import GatedLinearRNN
+from zoo.science.models.gated_rnn import PERFECT_FORGET, PERFECT_MEMORY, GatedLinearRNN
 from zoo.science.models.lru import LRUBlock
 
 
@@ -220,10 +220,11 @@ def _pair_difference(weight: torch.Tensor, matrix: torch.Tensor, eps: float) -> 
     weight[:, 0 : 2 * k : 2] = -4 / eps * matrix
 
 
-# Finite stand-ins for ν^log = ∓∞ and θ^log = −∞: λ = exp(−exp(ν^log)) is exactly 1 at ν^log = −100 (exp(−100) =
-# 3.7e-44) and exactly 0 at +20 (exp(−4.9e8)) in float32 and float64, and the phase exp(−200) is 0 in float32,
-# 1.4e-87 in float64; unlike ±∞ their gradients are finite (0 · ∞ is NaN), so training can start from them.
-NU_LOG_MEMORY, NU_LOG_FORGET, THETA_LOG_REAL = -100.0, 20.0, -200.0
+# Finite stand-ins for ν^log = ∓∞ and θ^log = −∞: the gated RNN's (λ = exp(−exp(ν)) as there: exactly 1 at
+# ν^log = PERFECT_MEMORY = −100, exactly 0 at PERFECT_FORGET = 20, in float32 and float64), and the phase
+# exp(−200), 0 in float32, 1.4e-87 in float64; unlike ±∞ their gradients are finite (0 · ∞ is NaN), so training
+# can start from them.
+NU_LOG_MEMORY, NU_LOG_FORGET, THETA_LOG_REAL = PERFECT_MEMORY, PERFECT_FORGET, -200.0
 
 
 def _recurrence(block: LRUBlock, lam: torch.Tensor, eps: float) -> None:
