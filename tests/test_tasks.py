@@ -131,3 +131,16 @@ def test_baseline_losses_are_computed_per_split_and_rate():
     assert baseline_losses(task, a, eta) != first and len(baseline_losses(task, a, eta)["position"]["position_gd_loss"]) == 6
     assert baseline_losses(task, b, eta)["gd_loss"] != first["gd_loss"]
     assert baseline_losses(task, a, 2 * eta)["gd_loss"] == task.loss(gd_predict(a, 2 * eta), a.query_targets).item()
+
+
+def test_zero_predictor_script_refuses_unknown_and_non_regression_tasks():
+    """scripts/zero_predictor_loss.py (Sushma Figure 6's zero-predictor level): a one-line usage error, not a
+    traceback, for a name the registry lacks and for a teacher task, which has no query."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "zero_predictor_loss.py"
+    for name, said in (("nope", "unknown task 'nope'"), ("teacher-student-d4", "is not a regression task")):
+        run = subprocess.run([sys.executable, str(script), name], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 2 and said in run.stderr and "Traceback" not in run.stderr, run.stderr
