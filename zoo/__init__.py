@@ -3,7 +3,7 @@
     import zoo
     zoo.list_entries()                      # the registry (zoo/science/entries/*.toml)
     ckpt = zoo.build("lsa-gd-d10-c10", out="ckpt/lsa-gd")   # construct or train, evaluate, save
-    ckpt = zoo.load("ckpt/lsa-gd")          # a folder or a Hub repo id; hashes and shapes verified
+    ckpt = zoo.load("ckpt/lsa-gd")          # a folder or a Hub repo id; hashes and shapes checked
     ckpt = zoo.load("gated-rnn-zucchet-icl")  # a released checkpoint, by bare entry name
     ckpt.predict(tokens)                    # eval mode, no autograd graph
     model = zoo.from_pretrained("icl-zoo/lsa-d10-c10")   # the plain torch.nn.Module, in eval mode

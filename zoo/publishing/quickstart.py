@@ -119,7 +119,7 @@ def run(out: Path, steps: int = 1500) -> dict:
     console.print(f"  sensitivity cosine to θ_GD {m['sensitivity_cosine']:.4f}, prediction L2 gap {m['pred_l2_to_gd']:.3g}")
     summary["lsa_trained"] = m
 
-    say(f"reloading {out / 'lsa-d10-c10'} (hashes and shapes verified)")
+    say(f"reloading {out / 'lsa-d10-c10'} (hashes and shapes checked against its manifest)")
     again = load(out / "lsa-d10-c10")
 
     fresh = again.task.sample(4, seed=0)
@@ -149,7 +149,7 @@ def run(out: Path, steps: int = 1500) -> dict:
                                     expected_sha256=hashes["test"]["sha256"], spec=get_task_spec("linreg-d10-c10"))
 
         rescored = evaluate(pulled.model, pulled.task, split.batch(pulled.task))
-    console.print(f"  weights bit-identical: {same}; dataset hash verified: {split.sha256[:16]}…")
+    console.print(f"  weights bit-identical: {same}; dataset hash matches the registry's frozen split: {split.sha256[:16]}…")
     console.print(f"  re-scored test loss from the hub: {rescored['test_loss']:.6f} (saved: {m['test_loss']:.6f})")
     summary["hub_roundtrip_identical"] = same and rescored["test_loss"] == m["test_loss"]
     console.print(f"[green]done[/] — checkpoints with model cards in {out}/, local hub in {root}")

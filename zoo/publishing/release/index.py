@@ -93,7 +93,11 @@ def shortfall_note(row: dict) -> str:
     short_run = row["steps"] is not None and row["recipe_steps"] and row["steps"] < row["recipe_steps"]
     gap = ""
     if row.get("gd_loss") and row.get("test_loss") is not None:
-        gap = f"test loss {100 * (row['test_loss'] / row['gd_loss'] - 1):+.1f}% vs {row.get('gd_steps') or 1}-step GD"
+        steps = row.get("gd_steps") or 1
+        # k > 1: the release's GD column shares one rate over the k steps; a model with a rate of its own per step
+        # (a layer each) is compared with k steps at a rate each in `zoo eval` and the leaderboards
+        comparator = f"{steps}-step GD" + ("" if steps == 1 else " at one shared rate (a rate each: `zoo eval`)")
+        gap = f"test loss {100 * (row['test_loss'] / row['gd_loss'] - 1):+.1f}% vs {comparator}"
     if short_run:
         run = (f"shorter run: {row['steps']:,} of the recipe's {row['recipe_steps']:,} steps on {device_words(row)}; "
                f"the recipe-length run is `zoo release build --only {row['entry']} --force` on a GPU")
