@@ -45,7 +45,8 @@ def cmd_refresh(args) -> int:
 
     root = release_root(args)
     index = release.refresh_release(root, only=args.only, graphs=args.graphs)
-    print(f"re-rendered cards and index of {len(index['entries'])} released entries in {root}")
+    done = len(args.only) if args.only else len(index["entries"])
+    print(f"re-rendered the cards of {done} of {len(index['entries'])} released entries and the index in {root}")
     readme = Path(root).resolve().parent / "reports" / "README.md"  # in a checkout: the reports' generated counts
     if readme.is_file() and write_release_summary(readme, index):
         print(f"rewrote the release's counts in {readme}")
