@@ -3,11 +3,11 @@
 # paper's ν lr and with 10× it (reports/zucchet-2023/table-1.md), Table 2 with four seeds at the paper's own recipe
 # (the -b1 entry, AdamW; table-2.md: its `lease` stage has run, on an H200), Figure 5 over the full size grid
 # (figure-5.md), the context-size rows (reports/blogpost-2024/figure-9.md), the GD-SSM baselines, feature dimension
-# and sine waves (reports/sushma-tian-2024/), Sushma's Figure 2.C (n_o = f) at the paper's recipe, Zucchet's
+# and sine waves (reports/sushma-tian-2024/), Zucchet's
 # Figures 3.A and 3.B below 16 neurons (sweeps/figure-3a.toml, figure-3b-small.toml), Figure 4.A's seeds 1-2 for a
 # spread (sweeps/figure-4a.toml; seed 0 of all six students is released at the full 1M steps), the blogpost's depth
-# sweeps of Figures 7–8 and 14–16, and Figure 10 at C = 100 (D = 5). Sushma's Figure 1.C at N = N_x, Figure 9 at
-# C = 100 and the LRU In+Out student have since run on the CPU.
+# sweeps of Figures 7–8 and 14–16, and Figure 10 at C = 100 (D = 5). Sushma's Figures 1.C at N = N_x and 2.C at
+# f = 2, 10, 20 (5 seeds each, 300k steps), Figure 9 at C = 100 and the LRU In+Out student have since run on the CPU.
 # From the repo root, stage by stage:
 #   lease SECONDS COMMIT  one device call of at most SECONDS (a 15-minute lease): benchmarks/streaming_gpu.py
 #             (1,024 streams on CUDA), Table 2 at the paper's recipe (4 seeds, 300k steps); everything comes back
@@ -69,7 +69,6 @@ launch)
   start blogpost   "zoo sweep sweeps/figure-10-d5.toml --set task.n_context=100 --out $RUNS/figure-10-d5 --quiet;
                     zoo sweep sweeps/figure-7-8.toml --out $RUNS/figure-7-8 --quiet;
                     zoo sweep sweeps/figure-14-16.toml --out $RUNS/figure-14-16 --quiet"
-  start figure-2c  "for f in 2 10 20; do zoo sweep sweeps/gd-ssm-nd-feature-dim.toml --seeds 0 1 2 3 4 --set task.d_x=\$f --set task.d_y=\$f --set arch.value_dim=\$f --set arch.key_dim=\$f --out $RUNS/figure-2c --quiet; done"
   sleep ${2:-60}; tail -n 3 $RUNS/*.log
   ;;
 status)
