@@ -1,0 +1,63 @@
+"""Zucchet et al. Figures 4.B and 5 on the ICL task: loss against parameter count, one line per
+architecture, on the frozen test split (the training distribution, W* ~ N(0, 1/3)) and on the shifted
+validation split (W* ~ N(0, 2/3), what the paper's figures report), beside one GD step on each.
+
+    python scripts/zucchet_sizes_plot.py rows.json [more.json ...] --plot sizes.png
+
+The rows are `scripts/released_on_both_splits.py --json` output (released entries and sweep run folders).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+NAMES = {  # entry name in a row (a bare name or a run folder) → the paper's label
+    "lru-out-2l-zucchet-icl": "LRU Out, 2 layers", "lru-in-out-zucchet-icl": "LRU In+Out",
+    "lru-in-skip-zucchet-icl": "LRU In+Skip", "lru-out-zucchet-icl": "LRU Out",
+    "gru-zucchet-icl": "GRU", "lstm-zucchet-icl": "LSTM",
+}
+
+
+def label(entry: str) -> str:
+    base = Path(entry).name.split("--")[0]  # a run folder is "<entry>--seed0--width=16"
+    if base not in NAMES:
+        raise SystemExit(f"{entry}: not one of the size-swept entries ({', '.join(NAMES)})")
+    return NAMES[base]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("rows", type=Path, nargs="+")
+    parser.add_argument("--plot", type=Path, required=True)
+    args = parser.parse_args()
+    rows = [r for path in args.rows for r in json.loads(path.read_text())]
+    lines = defaultdict(list)
+    for r in rows:
+        lines[label(r["entry"])].append(r)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.9), sharey=True)
+    for ax, (key, gd_key, title) in zip(axes, [("test_loss", "test_gd", "test split (training distribution)"),
+                                                ("val_loss", "val_gd", "shifted validation split (the paper's)")]):
+        for i, (name, points) in enumerate(sorted(lines.items())):
+            points = sorted(points, key=lambda r: r["parameters"])
+            ax.plot([r["parameters"] for r in points], [r[key] for r in points], marker="o", color=f"C{i}", label=name)
+        ax.axhline(rows[0][gd_key], color="k", ls="--", lw=1, label=f"one GD step ({rows[0][gd_key]:.4f})")
+        ax.set(xscale="log", yscale="log", xlabel="parameters", title=title)
+    axes[0].set_ylabel("loss (½·MSE) at 300k steps, seed 0")
+    axes[1].legend(fontsize=7)
+    fig.suptitle("Zucchet et al. Figs. 4.B / 5: ICL loss against parameter count", fontsize=10)
+    fig.tight_layout()
+    args.plot.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.plot, dpi=120)
+    print(f"wrote {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
