@@ -11,10 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from zoo.science.analysis.plots import plt, save
 
 
 def main() -> None:
@@ -42,10 +39,7 @@ def main() -> None:
     ax.set(yscale="log", xlabel="layers", ylabel="test loss at C = 10 (D = 5)", xticks=list(depths),
            title="Blogpost Fig. 7: softmax transformers by depth")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    args.plot.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.plot, dpi=120)
-    print(f"wrote {args.plot}")
+    print(f"wrote {save(fig, args.plot)}")
 
 
 if __name__ == "__main__":

@@ -14,10 +14,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from zoo.science.analysis.plots import plt, save
 
 NAMES = {  # entry name in a row (a bare name or a run folder) → the paper's label
     "lru-out-2l-zucchet-icl": "LRU Out, 2 layers", "lru-in-out-zucchet-icl": "LRU In+Out",
@@ -56,10 +53,7 @@ def main() -> None:
     axes[0].set_ylabel("loss (½·MSE) at 300k steps, seed 0")
     axes[1].legend(fontsize=7)
     fig.suptitle("Zucchet et al. Figs. 4.B / 5: ICL loss against parameter count", fontsize=10)
-    fig.tight_layout()
-    args.plot.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.plot, dpi=120)
-    print(f"wrote {args.plot}")
+    print(f"wrote {save(fig, args.plot)}")
 
 
 if __name__ == "__main__":
