@@ -265,7 +265,7 @@ def export_sequence(model, path: Path, *, entry_name: str = "", seq_len: int = 8
     model's `block_for` its state's size, else BATCH_BLOCK).
     A recurrent model's is its step graph (the `step_graph` file when one was just exported, else a fresh export)
     scanned over time from the zero state: any T. Otherwise `forward` traced with T symbolic up to
-    EXPORT_MAX_LEN, or fixed at `seq_len` where fused kernels fix it (`has_parallel_form = False`). The
+    EXPORT_MAX_LEN (or the model's `max_tokens`, a position table's rows), or fixed at `seq_len` where fused kernels fix it (`has_parallel_form = False`). The
     metadata's `time` records which, `batch_block` the block."""
     model = _fp32_copy(model)
     if model.recurrent and step_graph is None:
@@ -282,12 +282,13 @@ def export_sequence(model, path: Path, *, entry_name: str = "", seq_len: int = 8
     else:
         tokens = torch.zeros(EXPORT_BATCH, seq_len, model.d_in)
         axes = {0: torch.export.Dim("batch", min=1)}
+        longest = min(EXPORT_MAX_LEN, model.max_tokens or EXPORT_MAX_LEN)  # a position table ends the time axis
         if model.has_parallel_form:
-            axes[1] = torch.export.Dim("time", min=2, max=EXPORT_MAX_LEN)
+            axes[1] = torch.export.Dim("time", min=2, max=longest)
         _export(_SequenceGraph(model), (tokens,), path, ["tokens"], ["out"], (axes,))
         block = BATCH_BLOCK
         onnx.save(batch_blocked(onnx.load(str(path)), block), str(path))
-        time = f"2..{EXPORT_MAX_LEN}" if model.has_parallel_form else seq_len
+        time = f"2..{longest}" if model.has_parallel_form else seq_len
     _metadata(path, {**_common_metadata(model, entry_name, token_layout), "graph": "sequence", "time": time,
                      "batch_block": block})
     check_graph(model, path)

@@ -380,3 +380,31 @@ def test_the_exporters_table_built_once_gives_the_same_graph_byte_for_byte(expor
     monkeypatch.setattr(onnx_export, "CACHE_TORCHLIB_TABLE", False)
     model, _ = model_for(entry)
     assert export_step(model, tmp_path / "own.onnx", entry_name=entry.name).read_bytes() == cached
+
+
+def test_a_position_table_bounds_the_sequence_graphs_time_axis(tmp_path):
+    """An LSA with one-hot positions (sweeps/figure-6-positions.toml) exports a sequence graph whose metadata says
+    T in 2..P, equals torch at the prompt's length and a shorter one, and refuses a longer prompt in ONNX
+    Runtime as torch does (no step form to stream it)."""
+    import onnxruntime as ort
+
+    from zoo.science.models import NotRecurrentError
+
+    entry = next(e for e in ENTRIES if e.name == "lsa-2l-gdssm-nd")
+    task = get_task_spec(entry.task).build()
+    torch.manual_seed(0)
+    model = create_model(entry.arch.model_copy(update={"positions": task.n_tokens, "init_std": 0.3}), task).eval()
+    path = export_sequence(model, tmp_path / "sequence.onnx", entry_name=entry.name, seq_len=task.n_tokens)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert sess.get_modelmeta().custom_metadata_map["icl_zoo.time"] == f"2..{task.n_tokens}"
+    for T in (task.n_tokens, 7):
+        tokens, ref = stream_tokens(model, task, T, batch=64)
+        (got,) = sess.run(None, {"tokens": tokens.numpy()})
+        assert_parity(got, ref)
+    longer = np.zeros((2, task.n_tokens + 1, task.token_dim), dtype=np.float32)
+    with pytest.raises(Exception):
+        sess.run(None, {"tokens": longer})
+    with pytest.raises(ValueError, match="longer than the model's"):
+        model(torch.from_numpy(longer))
+    with pytest.raises(NotRecurrentError):
+        export_step(model, tmp_path / "step.onnx", entry_name=entry.name)

@@ -207,3 +207,76 @@ def test_linear_transformers_cannot_pair_interleaved_examples():
     torch.testing.assert_close(c_gd, eta * v[0] * (u @ w) * torch.eye(task.n_context, dtype=torch.float64),
                                rtol=1e-12, atol=1e-12)
     assert _differences_depend_on_the_row(c_gd) > 0.1 * c_gd.abs().max()
+
+
+def _pairing_gd_lsa(task, eta: float) -> LinearSelfAttention:
+    """Two causal layers without residual, a constant channel and one-hot positions (the width of
+    lsa-2l-gdssm-nd with arch.positions = T, residual = false), set by hand to one GD step on interleaved tokens.
+    Channels: x 0:d_x, y d_x:d, the constant d, position t at d + 1 + t.
+    Layer 1 scores by position alone, [s = t] + [t is a y token][s = t − 1], with identity values on (x, y):
+    every y token leaves as (x_j, y_j), every x token (the query's included) as itself.
+    Layer 2 scores x_sᵀ x_t and writes η y_s onto the read-out channels: at the query,
+    η Σ_j (x_jᵀ x_q) y_j, one GD step from W = 0 (x tokens carry y = 0 and add nothing)."""
+    d, P = task.token_dim, task.n_tokens
+    model = LinearSelfAttention(d, task.readout, n_layers=2, attention="causal", residual=False, constant=True,
+                                positions=P).double()
+    r = task.readout
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        first, second = model.layers
+        for t in range(P):
+            first.w_k[d + 1 + t, d + 1 + t] = first.w_q[d + 1 + t, d + 1 + t] = 1.0
+            if t % 2 == 1:  # y_j's token reads x_j's, the token before it
+                first.w_q[d + t, d + 1 + t] = 1.0
+        first.w_v[:d, :d] = first.w_p[:d, :d] = torch.eye(d, dtype=torch.float64)
+        second.w_k[: task.d_x, : task.d_x] = second.w_q[: task.d_x, : task.d_x] = torch.eye(task.d_x,
+                                                                                           dtype=torch.float64)
+        second.w_v[r.start : r.stop, task.d_x : d] = r.sign * eta * torch.eye(task.d_y, dtype=torch.float64)
+        second.w_p[:] = torch.eye(model.layers[0].w_p.shape[0], dtype=torch.float64)
+    return model
+
+
+@pytest.mark.parametrize("d_x,d_y,n_context", [(5, 3, 10), (3, 3, 7), (4, 1, 25)])
+def test_one_hot_positions_let_two_layers_do_one_gd_step_on_interleaved_tokens(d_x, d_y, n_context, rng):
+    """What the lsa-no-positions departure takes away (Sushma Figure 6; sweeps/figure-6-positions.toml):
+    with one-hot positions, two linear-attention layers (no residual) express one GD step on x_1, y_1, …, x_q
+    exactly, in float64 on fresh tasks; its coefficients C[i, k] are η δ_ik, outside the α_i + β_k form that
+    bounds two layers without positions."""
+    task = LinearRegressionTask(d_x=d_x, d_y=d_y, n_context=n_context, layout="interleaved")
+    eta = 0.21 + torch.rand((), generator=rng).item()
+    model = _pairing_gd_lsa(task, eta)
+    b = task.sample(256, generator=rng, dtype=torch.float64)
+    expected = eta * torch.einsum("bcy,bcx,bx->by", b.y_context, b.x_context, b.x_query)  # written out
+    torch.testing.assert_close(model.predict(b.tokens), expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(model.readout(model(b.tokens)), expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(expected, gd_predict(b, eta), rtol=1e-12, atol=1e-12)
+    if n_context >= 3:
+        g = torch.Generator().manual_seed(n_context)
+        u, v, w = (torch.randn(n, generator=g, dtype=torch.float64) for n in (d_x, d_y, d_x))
+        c = _pair_coefficients(lambda batch: model.predict(batch.tokens), task, u, v, w)
+        torch.testing.assert_close(c, eta * v[0] * (u @ w) * torch.eye(n_context, dtype=torch.float64),
+                                   rtol=1e-10, atol=1e-10)
+        assert _differences_depend_on_the_row(c) > 0.1 * c.abs().max()
+
+
+def test_positions_read_a_prompt_of_at_most_p_tokens_as_a_sequence():
+    """Random weights in float64: the read-out's shortcut (`predict`) equals the full forward; a prompt longer
+    than the table, and any step or chunk, is a clear error; one-hot channels never reach the output."""
+    task = LinearRegressionTask(d_x=3, d_y=2, n_context=5, layout="interleaved")
+    torch.manual_seed(2)
+    model = LinearSelfAttention(task.token_dim, task.readout, n_layers=2, attention="causal", constant=True,
+                                positions=task.n_tokens, init_std=0.3).double()
+    b = task.sample(64, seed=3, dtype=torch.float64)
+    out = model(b.tokens)
+    assert out.shape == b.tokens.shape and not model.recurrent and not model.has_polynomial_map()
+    torch.testing.assert_close(model.predict(b.tokens), model.readout(out), rtol=1e-12, atol=1e-12)
+    shorter = model(b.tokens[:, :-2])  # causal: a prefix reads as the same prefix
+    torch.testing.assert_close(shorter, out[:, :-2], rtol=1e-12, atol=1e-12)
+    longer = torch.cat([b.tokens, b.tokens[:, :1]], dim=1)
+    with pytest.raises(ValueError, match=f"longer than the model's {task.n_tokens} positions"):
+        model(longer)
+    with pytest.raises(NotRecurrentError, match="one-hot positions"):
+        model.state_shapes()
+    with pytest.raises(NotRecurrentError, match="one-hot positions"):
+        model.forward_chunk(b.tokens, None)

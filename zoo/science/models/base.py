@@ -65,6 +65,7 @@ class ZooModel(TrainingHooks, nn.Module):
     # the task's length. The export checks the claim (export/onnx_export.py runs every graph at two lengths).
     has_parallel_form: bool = True
     chunk_len: int = 1024  # the longest chunk the exported chunk graph takes (its scans' doublings)
+    max_tokens: int | None = None  # the longest sequence the model reads (a position table's rows); None: any
     vmappable: bool = True  # torch.func.vmap runs it (ensembles); fused LSTM/GRU kernels have no batching rule
     compile_pays: bool = True  # a torch.compile'd training step is faster (not so around fused LSTM/GRU kernels)
 

@@ -26,8 +26,16 @@ transformers have either). Without it a layer is odd in the tokens, f(−e) = �
 which on the GD-SSM token layouts (where flipping x and W flips every token but not the target)
 cannot beat the zero predictor.
 
+With `positions=P` every token t < P also gets P one-hot position channels (1 in channel t, after the
+constant channel; dropped from the output). W·[e; onehot(t)] = W_e e + W_p[:, t], so this is a learned
+absolute position table added to every layer's queries, keys and values (and to its update): scores
+gain a learned term A[t, s] of the two positions, which lets a layer attend by position (e.g. a y token
+to the x token just before it, which the interleaved layout needs and no token-only score can do). A
+prompt longer than P tokens is refused. With positions the model is read as a sequence: no step or
+chunk form (a stream would have to count its tokens, and ends at P).
+
 Glossary: d = d_x + d_y (token width); W_Q, W_K, W_V, W_P are `w_q, w_k, w_v, w_p`;
-λ is `damping`; K is `loops`; e are `tokens`.
+λ is `damping`; K is `loops`; e are `tokens`; P is `positions`.
 """
 
 from __future__ import annotations
@@ -87,21 +95,34 @@ class LinearSelfAttention(ZooModel):
         init_std: float = 0.02,
         residual: bool = True,
         constant: bool = False,
+        positions: int = 0,
     ):
         super().__init__(d_in=d, d_out=d, readout=readout)
         self.constant = constant
+        self.positions = positions
+        self.max_tokens = positions or None
         if attention not in ATTENTION_MODES:
             raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
         self.attention = attention
         self.loops = loops
         self.damping = damping
-        self.recurrent = attention != "context"
+        self.recurrent = attention != "context" and not positions
         self.residual = residual
-        self.layers = nn.ModuleList(LSALayer(d + constant, init_std) for _ in range(n_layers))
+        self.layers = nn.ModuleList(LSALayer(d + constant + positions, init_std) for _ in range(n_layers))
 
     def _in(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(…, d) → (…, d + 1) with the constant channel, when the model has one."""
-        return torch.cat([tokens, torch.ones_like(tokens[..., :1])], dim=-1) if self.constant else tokens
+        """(…, T, d) → (…, T, d + constant + P): the constant channel and the one-hot positions, where the
+        model has them."""
+        parts = [tokens]
+        if self.constant:
+            parts.append(torch.ones_like(tokens[..., :1]))
+        if self.positions:
+            T = tokens.shape[-2]
+            if T > self.positions:
+                raise ValueError(f"a prompt of {T} tokens is longer than the model's {self.positions} positions")
+            onehot = torch.eye(self.positions, dtype=tokens.dtype, device=tokens.device)[:T]  # (T, P)
+            parts.append(onehot.expand(*tokens.shape[:-1], self.positions))
+        return torch.cat(parts, dim=-1) if len(parts) > 1 else tokens
 
     def _out(self, e: torch.Tensor) -> torch.Tensor:
         return e[..., : self.d_out]
@@ -168,12 +189,13 @@ class LinearSelfAttention(ZooModel):
         return self.readout.channels(self._out(e_q + update if self.residual else update))  # (B, d_y)
 
     def has_polynomial_map(self) -> bool:
-        return len(self.layers) == 1 and self.loops == 1
+        return len(self.layers) == 1 and self.loops == 1 and not self.positions  # positions: a map per token
 
     def instantaneous(self, x: torch.Tensor) -> torch.Tensor:
         """The layer's polynomial kernel W_P (W_V x)(W_K x)ᵀ(W_Q x) for single tokens x (…, d)."""
-        if len(self.layers) != 1 or self.loops != 1 or self.constant:
-            raise ValueError("the instantaneous polynomial is defined for one LSA layer without a constant channel")
+        if len(self.layers) != 1 or self.loops != 1 or self.constant or self.positions:
+            raise ValueError("the instantaneous polynomial is defined for one LSA layer without a constant channel "
+                             "or positions")
         layer = self.layers[0]
         q, k, v = x @ layer.w_q.T, x @ layer.w_k.T, x @ layer.w_v.T
         return ((k * q).sum(-1, keepdim=True) * v) @ layer.w_p.T
@@ -195,6 +217,11 @@ class LinearSelfAttention(ZooModel):
         return self._out(e), tuple(new_state)
 
     def _require_recurrent(self) -> None:
+        if self.positions:
+            raise NotRecurrentError(
+                f"an LSA with {self.positions} one-hot positions is read as a sequence of at most that many tokens; "
+                "it has no step form. Export its sequence graph."
+            )
         if not self.recurrent:
             raise NotRecurrentError(
                 "attention='context' lets every token see all context tokens, including later ones; "
@@ -305,21 +332,22 @@ class LSAArch(Strict):
     init_std: float = Field(0.02, gt=0)  # N(0, init_std²) for every weight
     residual: bool = True  # e ← e + update (von Oswald); False: e ← update (Zucchet Eq. 1)
     constant: bool = False  # append a channel fixed at 1 to every token: affine keys/values/queries
+    positions: int = Field(0, ge=0, le=4096)  # P one-hot position channels (a learned position table); 0: none
 
 
 def build(arch: LSAArch, task) -> LinearSelfAttention:
     return LinearSelfAttention(
         d=task.token_dim, readout=task.readout, n_layers=arch.n_layers, attention=arch.attention,
         loops=arch.loops, damping=arch.damping, init_std=arch.init_std, residual=arch.residual,
-        constant=arch.constant,
+        constant=arch.constant, positions=arch.positions,
     )
 
 
 def _gd_problem(arch: LSAArch, task, source) -> str | None:
     if task.kind != "linear_regression" or task.layout != "pairs":
         return "'gd' needs arch type 'lsa' on a linear_regression task with layout 'pairs'"
-    if arch.constant:
-        return "'gd' sets the weights of tokens (x, y): it needs constant = false"
+    if arch.constant or arch.positions:
+        return "'gd' sets the weights of tokens (x, y): it needs constant = false and positions = 0"
     return None
 
 

@@ -84,6 +84,7 @@ class SoftmaxTransformer(ZooModel):
         self.max_len = max_len
         self.embed = nn.Linear(d_in, width)
         self.positions = nn.Parameter(torch.randn(max_len, width) * 0.02) if positions else None
+        self.max_tokens = max_len if positions else None
         self.blocks = nn.ModuleList(TransformerBlock(width, heads, mlp) for _ in range(n_layers))
         self.ln_out = nn.LayerNorm(width)
         self.head = nn.Linear(width, d_out)
