@@ -30,12 +30,30 @@ def label(entry: str) -> str:
     return NAMES[base]
 
 
+FIELDS = ("entry", "parameters", "test_loss", "val_loss", "test_gd", "val_gd")
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The rows of one `released_on_both_splits.py --json` file, or a one-line exit naming what is wrong."""
+    try:
+        rows = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SystemExit(f"{path}: not a readable JSON file of rows ({type(e).__name__})") from None
+    if not isinstance(rows, list) or not rows:
+        raise SystemExit(f"{path}: expected a non-empty JSON list of rows")
+    for i, r in enumerate(rows):
+        missing = [f for f in FIELDS if not isinstance(r, dict) or f not in r]
+        if missing:
+            raise SystemExit(f"{path}: row {i} lacks {', '.join(missing)}")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("rows", type=Path, nargs="+")
     parser.add_argument("--plot", type=Path, required=True)
     args = parser.parse_args()
-    rows = [r for path in args.rows for r in json.loads(path.read_text())]
+    rows = [r for path in args.rows for r in read_rows(path)]
     lines = defaultdict(list)
     for r in rows:
         lines[label(r["entry"])].append(r)
