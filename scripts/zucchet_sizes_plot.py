@@ -4,13 +4,16 @@ validation split (W* ~ N(0, 2/3), what the paper's figures report), beside one G
 
     python scripts/zucchet_sizes_plot.py rows.json [more.json ...] --plot sizes.png
 
-The rows are `scripts/released_on_both_splits.py --json` output (released entries and sweep run folders).
+The rows are `scripts/released_on_both_splits.py --json` output (released entries and sweep run folders). Rows of
+one architecture at one parameter count are seeds: the point is their mean, the bar their standard deviation, and
+the legend gives the number of seeds at each size, smallest first.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from collections import defaultdict
 from pathlib import Path
 
@@ -61,14 +64,18 @@ def main() -> None:
     for ax, (key, gd_key, title) in zip(axes, [("test_loss", "test_gd", "test split (training distribution)"),
                                                 ("val_loss", "val_gd", "shifted validation split (the paper's)")]):
         for i, (name, points) in enumerate(sorted(lines.items())):
-            points = sorted(points, key=lambda r: r["parameters"])
-            ax.plot([r["parameters"] for r in points], [r[key] for r in points], marker="o", color=f"C{i}", label=name)
+            sizes = sorted({r["parameters"] for r in points})
+            losses = [[r[key] for r in points if r["parameters"] == n] for n in sizes]  # the seeds at each size
+            means = [statistics.fmean(v) for v in losses]
+            stds = [statistics.stdev(v) if len(v) > 1 else 0.0 for v in losses]
+            seeds = "/".join(str(len(v)) for v in losses)
+            ax.errorbar(sizes, means, yerr=stds, marker="o", color=f"C{i}", capsize=3, label=f"{name} (seeds {seeds})")
         gd = rows[0][gd_key]  # one task, one split: the same GD reference in every row
         ax.axhline(gd, color="k", ls="--", lw=1, label="one GD step")
         ax.annotate(f"one GD step, {gd:.4f}", (0.02, gd), xycoords=("axes fraction", "data"), xytext=(0, 3),
                     textcoords="offset points", fontsize=7)
         ax.set(xscale="log", yscale="log", xlabel="parameters", title=title)
-    axes[0].set_ylabel("loss (½·MSE) at 300k steps, seed 0")
+    axes[0].set_ylabel("loss (½·MSE) at 300k steps,\nmean ± std over seeds")
     axes[1].legend(fontsize=7)
     fig.suptitle("Zucchet et al. Figs. 4.B / 5: ICL loss against parameter count", fontsize=10)
     print(f"wrote {save(fig, args.plot)}")
