@@ -417,7 +417,9 @@ def _check_graph(model, path: Path) -> None:
         if (err := _close(np.concatenate(outs, 1), refs)) is not None:
             refuse(f"over chunks of T = {lengths[0]} then {lengths[1]} (state carried)", err)
     else:
-        lengths = CHECK_LENGTHS if isinstance(time, str) else (int(time),)
+        longest = int(time.split("..")[1]) if isinstance(time, str) and ".." in time else None
+        lengths = ((CHECK_LENGTHS if longest is None else tuple(dict.fromkeys(min(T, longest) for T in CHECK_LENGTHS)))
+                   if isinstance(time, str) else (int(time),))
         block = int(meta.get("icl_zoo.batch_block", "0") or 0)
         shapes = [(EXPORT_BATCH, T) for T in lengths] + ([(2 * block + 1, lengths[0])] if block else [])
         for batch, T in shapes:  # and past two blocks: whole blocks, then one padded

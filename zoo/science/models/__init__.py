@@ -47,8 +47,25 @@ def create_model(arch, task) -> ZooModel:
     return family.build(arch, task)
 
 
+def length_problem(arch, task_spec) -> str | None:
+    """Why the model of `arch` cannot read the prompts of `task_spec`: a position table with fewer rows than its
+    tokens (None when it can, or has no table). Checked when an entry, or an entry with overrides, is validated,
+    not at its first training step."""
+    limit = FAMILY_OF_TYPE[arch.type].token_limit(arch)
+    if limit is None:
+        return None
+    field, rows = limit
+    n_tokens = task_spec.build().n_tokens
+    if rows < n_tokens:
+        return (f"field 'arch.{field}': {rows} positions cannot read this task's {n_tokens}-token prompts "
+                f"(needs at least {n_tokens})")
+    return None
+
+
 def construction_problem(arch, task_spec, source) -> str | None:
     """Why `source.construction` cannot set the weights of `arch` on the task `task_spec` (None when it can)."""
+    if problem := length_problem(arch, task_spec):
+        return problem
     family, rule = CONSTRUCTIONS[source.construction]
     applies_to = rule.arch_types or family.arch_types
     if arch.type not in applies_to:
@@ -60,7 +77,9 @@ def construction_problem(arch, task_spec, source) -> str | None:
 def recipe_problem(arch, task_spec, recipe) -> str | None:
     """Why a train recipe asks for what the model of `arch` cannot honour (None when it can): a `recurrent_lr`
     for a model without recurrent parameters (`ZooModel.recurrent_parameter_names`), or `freeze` prefixes that
-    name none of its parameters."""
+    name none of its parameters; or a prompt longer than the model's position table (`length_problem`)."""
+    if problem := length_problem(arch, task_spec):
+        return problem
     if recipe.recurrent_lr is None and not recipe.freeze:
         return None
     with torch.random.fork_rng(devices=[]):  # validating an entry never moves the global generator
@@ -79,5 +98,6 @@ def recipe_problem(arch, task_spec, recipe) -> str | None:
 
 __all__ = [
     "CONSTRUCTIONS", "FAMILIES", "FAMILY_OF_TYPE", "GDSSM", "FastWeightRNN", "GatedLinearRNN", "LinearSelfAttention",
-    "NotRecurrentError", "SequenceStack", "SoftmaxTransformer", "ZooModel", "construction_problem", "create_model", "recipe_problem",
+    "NotRecurrentError", "SequenceStack", "SoftmaxTransformer", "ZooModel", "construction_problem", "create_model", "length_problem",
+    "recipe_problem",
 ]

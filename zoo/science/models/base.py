@@ -209,6 +209,10 @@ def one_gd_step(arch) -> tuple[int, float]:
     return 1, 0.0
 
 
+def no_token_limit(arch) -> tuple[str, int] | None:
+    return None
+
+
 @dataclass(frozen=True)
 class Family:
     name: str
@@ -219,6 +223,8 @@ class Family:
     weights: WeightsFigure | None = None  # the card's weight figure
     # (GD steps, ridge) a model of this family is scored against when no construction says otherwise
     gd_reference: Callable[..., tuple[int, float]] = one_gd_step
+    # (arch field, rows) of a position table that bounds the prompts a model of this arch reads; None: any length
+    token_limit: Callable[..., tuple[str, int] | None] = no_token_limit
 
     @property
     def arch_types(self) -> tuple[str, ...]:

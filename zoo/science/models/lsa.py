@@ -26,13 +26,16 @@ transformers have either). Without it a layer is odd in the tokens, f(−e) = �
 which on the GD-SSM token layouts (where flipping x and W flips every token but not the target)
 cannot beat the zero predictor.
 
-With `positions=P` every token t < P also gets P one-hot position channels (1 in channel t, after the
-constant channel; dropped from the output). W·[e; onehot(t)] = W_e e + W_p[:, t], so this is a learned
-absolute position table added to every layer's queries, keys and values (and to its update): scores
-gain a learned term A[t, s] of the two positions, which lets a layer attend by position (e.g. a y token
-to the x token just before it, which the interleaved layout needs and no token-only score can do). A
-prompt longer than P tokens is refused. With positions the model is read as a sequence: no step or
-chunk form (a stream would have to count its tokens, and ends at P).
+With `positions=P` every token t < P also gets P one-hot position channels before the first layer (1 in
+channel t, after the constant channel; dropped from the output). For the first layer M·[e; onehot(t)] =
+M_e e + M[:, t] for each of W_Q, W_K, W_V: a learned absolute position table added to its queries, keys
+and values, so its scores gain a learned term A[t, s] of the two positions, which lets it attend by
+position (e.g. a y token to the x token just before it, which the interleaved layout needs and no
+token-only score can do). Later layers see the position channels as the residual stream carries them
+(the one-hot plus what earlier updates wrote there); without the residual, only what the layer before
+wrote. A prompt longer than P tokens is refused, and an entry whose task's prompts are longer is refused
+when it is validated (`length_problem`). With positions the model is read as a sequence: no step or chunk
+form (a stream would have to count its tokens, and ends at P).
 
 Glossary: d = d_x + d_y (token width); W_Q, W_K, W_V, W_P are `w_q, w_k, w_v, w_p`;
 λ is `damping`; K is `loops`; e are `tokens`; P is `positions`.
@@ -189,7 +192,8 @@ class LinearSelfAttention(ZooModel):
         return self.readout.channels(self._out(e_q + update if self.residual else update))  # (B, d_y)
 
     def has_polynomial_map(self) -> bool:
-        return len(self.layers) == 1 and self.loops == 1 and not self.positions  # positions: a map per token
+        # the instantaneous polynomial reads bare tokens: no constant channel, no positions (a map per token)
+        return len(self.layers) == 1 and self.loops == 1 and not self.constant and not self.positions
 
     def instantaneous(self, x: torch.Tensor) -> torch.Tensor:
         """The layer's polynomial kernel W_P (W_V x)(W_K x)ᵀ(W_Q x) for single tokens x (…, d)."""
@@ -332,7 +336,9 @@ class LSAArch(Strict):
     init_std: float = Field(0.02, gt=0)  # N(0, init_std²) for every weight
     residual: bool = True  # e ← e + update (von Oswald); False: e ← update (Zucchet Eq. 1)
     constant: bool = False  # append a channel fixed at 1 to every token: affine keys/values/queries
-    positions: int = Field(0, ge=0, le=4096)  # P one-hot position channels (a learned position table); 0: none
+    # P one-hot position channels before the first layer (a learned position table), at least the task's tokens; 0: none.
+    # At most 1,024: the layers' width grows with P (4 (d + 1 + P)² weights a layer)
+    positions: int = Field(0, ge=0, le=1024)
 
 
 def build(arch: LSAArch, task) -> LinearSelfAttention:
@@ -392,6 +398,10 @@ def loop_curve(model, task: LinearRegressionTask, batch: TaskBatch, loops: list[
     return rows
 
 
+def _position_rows(arch: LSAArch) -> tuple[str, int] | None:
+    return ("positions", arch.positions) if arch.positions else None
+
+
 FAMILY = Family(
     name="lsa",
     arch=LSAArch,
@@ -399,6 +409,7 @@ FAMILY = Family(
     constructions={"gd": ConstructionRule(_gd_problem, _apply_gd, "θ_GD: each layer (each loop) one GD step at η",
                                           knobs=GDRate)},
     weights=WeightsFigure(lsa_matrices, "weight products", "W_K^T W_Q and W_P W_V of every layer"),
+    token_limit=_position_rows,
     card="""
 Linear self-attention (single head, no softmax, no normalisation, residual) on tokens
 e_i = (x_i, y_i) and the query (x_q, 0). With W_K = W_Q = [[I,0],[0,0]], W_V = [[0,0],[W_0,−I]]

@@ -142,10 +142,15 @@ def build(arch: TransformerArch, task) -> SoftmaxTransformer:
     )
 
 
+def _table_rows(arch: TransformerArch) -> tuple[str, int] | None:
+    return ("max_len", arch.max_len) if arch.positions else None
+
+
 FAMILY = Family(
     name="softmax_transformer",
     arch=TransformerArch,
     build=build,
+    token_limit=_table_rows,
     card="""
 A GPT-2-style softmax transformer (pre-norm blocks, learned positions unless `positions=False`,
 no causal mask on the regression prompt), the blogpost's baseline: its memory grows with the prompt, so it has no
