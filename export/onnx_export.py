@@ -166,9 +166,9 @@ def contract(props: dict) -> str:
     time = props["time"]
     if time == "any":
         valid = ("Exact for any T ≥ 1: the step graph scanned over time from the zero state")
-    elif isinstance(time, str):
-        valid = (f"Exact for T in {time}; where a scan bounds it, a longer input raises (Gather out of bounds) rather "
-                 "than returning wrong numbers — stream longer sequences through model_step.onnx")
+    elif isinstance(time, str):  # a model without a step graph (only recurrent ones have one, and scan it: "any")
+        valid = (f"Exact for T in {time}; longer inputs are not checked (a position table refuses them), and the "
+                 "model has no step graph to stream them")
     else:
         valid = f"T = {time} exactly (fixed by fused kernels); other lengths are refused by shape checks"
     block = props.get("batch_block")

@@ -382,27 +382,33 @@ def test_the_exporters_table_built_once_gives_the_same_graph_byte_for_byte(expor
     assert export_step(model, tmp_path / "own.onnx", entry_name=entry.name).read_bytes() == cached
 
 
-def test_a_position_table_bounds_the_sequence_graphs_time_axis(tmp_path):
+@pytest.mark.parametrize("n_context", [10, 3], ids=["gdssm-nd", "7-tokens"])
+def test_a_position_table_bounds_the_sequence_graphs_time_axis(n_context, tmp_path):
     """An LSA with one-hot positions (sweeps/figure-6-positions.toml) exports a sequence graph whose metadata says
-    T in 2..P, equals torch at the prompt's length and a shorter one, and refuses a longer prompt in ONNX
-    Runtime as torch does (no step form to stream it)."""
+    T in 2..P and whose contract promises no step graph, equals torch at the prompt's length and a shorter one, and
+    refuses a longer prompt in ONNX Runtime as torch does. P = 7 (fewer rows than the export's check length 13)
+    exports too; lsa-2l-gdssm-nd's own P = 21 above it."""
     import onnxruntime as ort
 
     from zoo.science.models import NotRecurrentError
+    from zoo.science.tasks.regression import LinearRegressionTask
 
     entry = next(e for e in ENTRIES if e.name == "lsa-2l-gdssm-nd")
-    task = get_task_spec(entry.task).build()
+    task = get_task_spec(entry.task).build() if n_context == 10 else LinearRegressionTask(
+        d_x=3, d_y=2, n_context=n_context, layout="interleaved")
     torch.manual_seed(0)
     model = create_model(entry.arch.model_copy(update={"positions": task.n_tokens, "init_std": 0.3}), task).eval()
     path = export_sequence(model, tmp_path / "sequence.onnx", entry_name=entry.name, seq_len=task.n_tokens)
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    assert sess.get_modelmeta().custom_metadata_map["icl_zoo.time"] == f"2..{task.n_tokens}"
-    for T in (task.n_tokens, 7):
+    meta = sess.get_modelmeta()
+    assert meta.custom_metadata_map["icl_zoo.time"] == f"2..{task.n_tokens}"
+    assert "no step graph" in meta.description and "model_step.onnx" not in meta.description
+    for T in (task.n_tokens, task.n_tokens - 2):
         tokens, ref = stream_tokens(model, task, T, batch=64)
         (got,) = sess.run(None, {"tokens": tokens.numpy()})
         assert_parity(got, ref)
     longer = np.zeros((2, task.n_tokens + 1, task.token_dim), dtype=np.float32)
-    with pytest.raises(Exception):
+    with pytest.raises(Exception, match="invalid expand shape"):  # the one-hot block cannot cover T + 1 rows
         sess.run(None, {"tokens": longer})
     with pytest.raises(ValueError, match="longer than the model's"):
         model(torch.from_numpy(longer))

@@ -269,7 +269,7 @@ def test_positions_read_a_prompt_of_at_most_p_tokens_as_a_sequence():
                                 positions=task.n_tokens, init_std=0.3).double()
     b = task.sample(64, seed=3, dtype=torch.float64)
     out = model(b.tokens)
-    assert out.shape == b.tokens.shape and not model.recurrent and not model.has_polynomial_map()
+    assert out.shape == b.tokens.shape and not model.recurrent
     torch.testing.assert_close(model.predict(b.tokens), model.readout(out), rtol=1e-12, atol=1e-12)
     shorter = model(b.tokens[:, :-2])  # causal: a prefix reads as the same prefix
     torch.testing.assert_close(shorter, out[:, :-2], rtol=1e-12, atol=1e-12)
@@ -280,3 +280,19 @@ def test_positions_read_a_prompt_of_at_most_p_tokens_as_a_sequence():
         model.state_shapes()
     with pytest.raises(NotRecurrentError, match="one-hot positions"):
         model.forward_chunk(b.tokens, None)
+    with pytest.raises(NotRecurrentError, match="one-hot positions"):
+        model.step(b.tokens[:, 0], ())
+
+
+@pytest.mark.parametrize("extra", [{}, {"constant": True}, {"positions": 11}], ids=["bare", "constant", "positions"])
+def test_one_layer_has_a_polynomial_map_only_on_bare_tokens(extra, tmp_path):
+    """Table 2's instantaneous polynomial reads single bare tokens: a one-layer LSA with a constant channel or
+    positions has none, and evaluating it on a (x, y)-pairs task scores it without one (it used to raise)."""
+    from zoo.science.evaluation import evaluate
+
+    task = LinearRegressionTask(d_x=4, d_y=1, n_context=10)  # pairs: 11 tokens
+    torch.manual_seed(0)
+    model = LinearSelfAttention(task.token_dim, task.readout, attention="causal", **extra)
+    assert model.has_polynomial_map() == (not extra)
+    metrics = evaluate(model, task, task.sample(64, seed=1))
+    assert ("polynomial" in metrics) == (not extra) and metrics["test_loss"] > 0
