@@ -404,3 +404,19 @@ def test_claims_are_checked_as_what_they_are():
     ok = {"gd_loss": 0.1, "gd_paired_diff": 1e-5, "gd_paired_se": 2e-5, "gd_paired_n": 10_000}
     assert check(paired, ok)[0].meets  # +0.01% ± 0.02%: within the paper's 0.21% gap
     assert not check(paired, {**ok, "gd_paired_diff": 1e-3, "gd_paired_se": 1e-5})[0].meets  # +1% ± 0.01%
+
+
+def test_an_override_that_ends_a_departure_drops_it_from_the_run():
+    """A deviation's `lifted_by` fields: a run with positions is not "without a positional encoding", and a run at
+    another width is not "one width, 64" (their cards would declare what they no longer do). Other overrides keep
+    every departure, and `lifted_by` never reaches a checkpoint's config (model_dump)."""
+    from zoo.science.registry import get_entry, with_overrides
+
+    ids = lambda e: [d.id for d in e.deviation]  # noqa: E731
+    lsa = get_entry("lsa-2l-gdssm-nd")
+    assert "lsa-no-positions" in ids(lsa)
+    assert ids(with_overrides(lsa, {"arch.positions": 21})) == [i for i in ids(lsa) if i != "lsa-no-positions"]
+    assert ids(with_overrides(lsa, {"source.lr": 1e-3})) == ids(lsa)
+    gru = get_entry("gru-zucchet-icl")
+    assert ids(with_overrides(gru, {"arch.width": 16})) == [i for i in ids(gru) if i != "zucchet-one-width"]
+    assert "lifted_by" not in str(with_overrides(lsa, {"source.lr": 1e-3}).model_dump())

@@ -257,6 +257,9 @@ class Deviation(Strict):
     paper: str  # what the paper says, quoted with its section, or what it leaves unstated
     zoo: str  # what the zoo does instead
     why: str = ""  # why (measured where it matters); required in the registry
+    # dotted entry fields whose override ends this departure (e.g. "arch.positions"): `with_overrides` drops it from
+    # such a run's entry, so the run's card does not declare what it no longer does. Registry-only (not in configs).
+    lifted_by: list[str] = Field(default_factory=list, exclude=True)
 
     @model_validator(mode="after")
     def _complete(self, info: ValidationInfo):
@@ -611,6 +614,8 @@ def with_overrides(entry: Entry, overrides: dict[str, object]) -> Entry:
         new = Entry.model_validate(data)
     except ValidationError as e:
         raise RegistryError(_format_errors(Path(entry.file), "entry", entry.name, e)) from None
+    kept = [d for d in entry.deviation if not set(d.lifted_by) & set(overrides)]  # model_dump left out lifted_by
+    new = new.model_copy(update={"deviation": kept})
     check = construction_problem if new.source.kind == "constructed" else recipe_problem
     problem = check(new.arch, default_registry().task(new.task), new.source)
     if problem:
