@@ -85,3 +85,19 @@ def test_an_ensemble_records_each_members_own_curve(tmp_path):
 def test_tracking_is_refused_where_gd_alignment_is_undefined(tmp_path):
     with pytest.raises(ValueError, match="in-context regression"):
         build("gated-rnn-student-d4", tmp_path / "s", steps=5, device="cpu", progress=False, track_alignment=True)
+
+
+def test_the_sensitivity_cosine_is_a_cosine_for_vanishing_sensitivities():
+    """A model collapsed to a constant has float32 sensitivities near 0 (down to denormals): the cosine stays in
+    [−1, 1] and is 0 where a sensitivity is exactly 0 (torch's eps-clamped cosine gave −5e5 for such a model); on
+    ordinary rows it is the float64 cosine."""
+    from zoo.science.evaluation import alignment
+    from zoo.science.tasks.regression import LinearRegressionTask, gd_weights
+
+    task = LinearRegressionTask(d_x=3, d_y=1, n_context=6)
+    b = task.sample(4, seed=0, dtype=torch.float64)
+    ref = gd_weights(b, 0.3, 1).float()  # (4, 1, 3)
+    sens = torch.stack([ref[0] * 1e-41, torch.zeros_like(ref[1]), -2 * ref[2], torch.tensor([[1.0, -1.0, 0.5]])])
+    cos = alignment(torch.zeros(4, 1), sens, b, 0.3)["sensitivity_cosine"]
+    last = torch.nn.functional.cosine_similarity(sens[3].double().flatten(), ref[3].double().flatten(), dim=0).item()
+    assert cos == pytest.approx((1.0 + 0.0 - 1.0 + last) / 4, abs=1e-6)

@@ -244,7 +244,11 @@ def alignment(pred: torch.Tensor, sens: torch.Tensor, b64: TaskBatch, eta: float
     ref_sens = gd_weights(b64, eta, gd_steps, ridge).to(sens)  # (N, d_y, d_x)
     ref_pred = (ref_sens @ b64.x_query.to(sens).unsqueeze(-1)).squeeze(-1)
     flat, ref_flat = sens.flatten(1), ref_sens.flatten(1)
-    cos = torch.nn.functional.cosine_similarity(flat, ref_flat, dim=1, eps=1e-30)
+    # in float64, and 0 where either sensitivity is 0: torch's eps-clamped cosine divided float32 sensitivities that
+    # underflow (a model collapsed to a constant) by eps and returned values like −5e5
+    a, b = flat.double(), ref_flat.double()
+    norms = a.norm(dim=1) * b.norm(dim=1)
+    cos = torch.where(norms > 0, (a * b).sum(1) / norms.clamp_min(1e-300), torch.zeros_like(norms)).clamp(-1, 1)
     return {
         "pred_l2_to_gd": ((pred - ref_pred) ** 2).sum(1).mean().item(),
         "sensitivity_l2_to_gd": ((flat - ref_flat) ** 2).sum(1).mean().item(),
