@@ -361,6 +361,13 @@ def check_graph(model, path: Path) -> None:
         raise
 
 
+def _within(time, lengths) -> list[int]:
+    """`lengths` capped at the last T of a metadata time range "lo..hi" (a scan's or a position table's bound);
+    as they are for "any"."""
+    longest = int(str(time).split("..")[1]) if ".." in str(time) else None
+    return [T if longest is None else min(T, longest) for T in lengths]
+
+
 @torch.no_grad()
 def _check_graph(model, path: Path) -> None:
     """Run the exported graph `path` through ONNX Runtime where its metadata says it is valid and hold it to the
@@ -402,8 +409,7 @@ def _check_graph(model, path: Path) -> None:
             if (err := _close(out, (refs[0][:, t], refs[1][:, t]))) is not None:
                 refuse(f"at token {t}", err)
     elif graph == "chunk":
-        longest = None if time == "any" else int(str(time).split("..")[1])
-        lengths = [T if longest is None else min(T, longest) for T in CHECK_LENGTHS]
+        lengths = _within(time, CHECK_LENGTHS)
         in_names, _ = state_io_names(model)
         state, xs, outs = [s.numpy() for s in model.init_state(EXPORT_BATCH)], [], []
         for T in lengths:
@@ -417,9 +423,7 @@ def _check_graph(model, path: Path) -> None:
         if (err := _close(np.concatenate(outs, 1), refs)) is not None:
             refuse(f"over chunks of T = {lengths[0]} then {lengths[1]} (state carried)", err)
     else:
-        longest = int(time.split("..")[1]) if isinstance(time, str) and ".." in time else None
-        lengths = ((CHECK_LENGTHS if longest is None else tuple(dict.fromkeys(min(T, longest) for T in CHECK_LENGTHS)))
-                   if isinstance(time, str) else (int(time),))
+        lengths = _within(time, CHECK_LENGTHS) if isinstance(time, str) else [time]
         block = int(meta.get("icl_zoo.batch_block", "0") or 0)
         shapes = [(EXPORT_BATCH, T) for T in lengths] + ([(2 * block + 1, lengths[0])] if block else [])
         for batch, T in shapes:  # and past two blocks: whole blocks, then one padded

@@ -103,7 +103,6 @@ class LinearSelfAttention(ZooModel):
         super().__init__(d_in=d, d_out=d, readout=readout)
         self.constant = constant
         self.positions = positions
-        self.max_tokens = positions or None
         if attention not in ATTENTION_MODES:
             raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
         self.attention = attention
@@ -112,6 +111,10 @@ class LinearSelfAttention(ZooModel):
         self.recurrent = attention != "context" and not positions
         self.residual = residual
         self.layers = nn.ModuleList(LSALayer(d + constant + positions, init_std) for _ in range(n_layers))
+
+    @property
+    def max_tokens(self) -> int | None:
+        return self.positions or None  # the position table's rows
 
     def _in(self, tokens: torch.Tensor) -> torch.Tensor:
         """(…, T, d) → (…, T, d + constant + P): the constant channel and the one-hot positions, where the

@@ -84,10 +84,13 @@ class SoftmaxTransformer(ZooModel):
         self.max_len = max_len
         self.embed = nn.Linear(d_in, width)
         self.positions = nn.Parameter(torch.randn(max_len, width) * 0.02) if positions else None
-        self.max_tokens = max_len if positions else None
         self.blocks = nn.ModuleList(TransformerBlock(width, heads, mlp) for _ in range(n_layers))
         self.ln_out = nn.LayerNorm(width)
         self.head = nn.Linear(width, d_out)
+
+    @property
+    def max_tokens(self) -> int | None:
+        return self.max_len if self.positions is not None else None  # without a table any length reads the same way
 
     def embed_positions(self, tokens: torch.Tensor) -> torch.Tensor:
         """x_0 = E s + P (B, T, w)."""
