@@ -420,3 +420,17 @@ def test_an_override_that_ends_a_departure_drops_it_from_the_run():
     gru = get_entry("gru-zucchet-icl")
     assert ids(with_overrides(gru, {"arch.width": 16})) == [i for i in ids(gru) if i != "zucchet-one-width"]
     assert "lifted_by" not in str(with_overrides(lsa, {"source.lr": 1e-3}).model_dump())
+
+
+@pytest.mark.parametrize("name,field,rows", [("lsa-2l-gdssm-nd", "positions", 5), ("softmax-tf-1l-d10-c10", "max_len", 5)])
+def test_a_position_table_shorter_than_the_prompt_is_refused_when_validated(name, field, rows):
+    """An override that gives a model fewer position rows than its task's prompt has tokens is refused by the
+    registry in one line naming the field (length_problem), before anything trains; as many rows as tokens pass."""
+    from zoo.science.registry import get_task_spec, with_overrides
+
+    entry = get_entry(name)
+    n_tokens = get_task_spec(entry.task).build().n_tokens
+    with pytest.raises(RegistryError, match=rf"field 'arch\.{field}': {rows} positions cannot read this task's "
+                                            rf"{n_tokens}-token prompts \(needs at least {n_tokens}\)"):
+        with_overrides(entry, {f"arch.{field}": rows})
+    assert getattr(with_overrides(entry, {f"arch.{field}": n_tokens}).arch, field) == n_tokens
