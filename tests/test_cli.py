@@ -47,7 +47,7 @@ def test_version(capsys):
 def test_list_piped_is_tsv_and_json(capsys):
     assert cli.main(["list"]) == 0  # captured: not a terminal
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "name\tarch\tsource\ttask\treproduces"
+    assert lines[0] == "name\tarch\tsource\ttask\tpaper"
     rows = [line.split("\t") for line in lines[1:]]
     assert [r[0] for r in rows] == [e.name for e in list_entries()] and all(len(r) == 5 for r in rows)
     assert cli.main(["list", "lsa", "--json"]) == 0
@@ -67,7 +67,7 @@ def test_list_fits_80_columns(width):
     assert max(len(line) for line in lines) <= width
     text = out.getvalue()
     assert all(e.name in text for e in entries)  # every name whole, never cut
-    assert "…" not in "".join(line for line in lines if any(e.name in line for e in entries)).split("reproduces")[0] or width >= WIDE
+    assert "…" not in "".join(line for line in lines if any(e.name in line for e in entries)).split("paper")[0] or width >= WIDE
 
 
 def test_show_prints_unicode(capsys):

@@ -11,7 +11,7 @@ from rich.table import Table
 from zoo.cli.output import add_command, print_json
 from zoo.science.paths import cache_dir
 
-LIST_COLUMNS = ("name", "arch", "source", "task", "reproduces")
+LIST_COLUMNS = ("name", "arch", "source", "task", "paper")  # the paper and figure an entry is for; not a verdict
 WIDE = 130  # columns from which `zoo list` shows the paper column beside the others
 
 
@@ -48,7 +48,7 @@ def list_table(entries, console) -> None:
     table.add_column("source", no_wrap=True)
     if wide:
         table.add_column("task", no_wrap=True)
-        table.add_column("reproduces", no_wrap=True, overflow="ellipsis", max_width=60)
+        table.add_column("paper", no_wrap=True, overflow="ellipsis", max_width=60)
         for e in entries:
             table.add_row(e.name, e.arch.type, e.source.kind, e.task, e.paper)
     else:
