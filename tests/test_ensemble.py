@@ -169,6 +169,7 @@ def test_cuda_graph_on_cpu_is_refused_before_training(tmp_path):
     assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())  # nothing written
 
 
+@pytest.mark.compile
 def test_compiled_ensemble_equals_eager_ensemble(tmp_path):
     """compiled=True (the vmapped loss and its backward, and AdamW, through torch.compile) trains the same
     members: from the same seeds, 200 steps give the eager ensemble's losses and weights to fp32

@@ -64,7 +64,7 @@ A_FORMS = {"as is": lambda a, b: a, "expanded": lambda a, b: a.expand_as(b),
 @pytest.mark.parametrize("a_shape, form", [((5,), "as is"), ((1, 1, 5), "as is"), ((3, 1, 5), "as is"), ((7, 5), "as is"),
                                            ((1, 7, 5), "as is"), ((3, 7, 5), "as is"), ((5,), "expanded"),
                                            ((1, 7, 5), "batch-expanded"), ((3, 5, 7), "transposed")])
-@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.compile)])
 def test_sequential_scan_takes_a_in_every_broadcast_shape(a_shape, form, compiled):
     """`sequential_scan` reads a time-invariant `a` once per step without expanding it (scan.time_steps);
     values and gradients of a and b equal the definition written with a broadcast to (B, T, n) first,
@@ -147,7 +147,7 @@ def test_scan_picks_a_form_and_both_give_the_recurrence(T, width):
     torch.testing.assert_close(scan(a, b, complex_pairs=True, h0=h0), torch.stack(expected, 1), rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.compile)])
 @pytest.mark.parametrize("T", [1, 13])
 def test_last_state_equals_the_scan_with_its_gradients(T, compiled):
     """`last_state` (the read-out's shortcut: a weighted sum eager, the unrolled recurrence compiled) gives

@@ -8,6 +8,7 @@ import pytest
 from zoo.publishing import release
 
 
+@pytest.mark.compile
 def test_plan_measures_eager_and_compiled_and_totals_them(capsys):
     rows = release.print_plan(only=["fast-weight-triples", "lstm-triples"], device="cpu")
     out = capsys.readouterr().out
@@ -25,6 +26,7 @@ def test_plan_measures_eager_and_compiled_and_totals_them(capsys):
     assert "whole zoo" in out and f"{total:.2f}" in out.splitlines()[-1]
 
 
+@pytest.mark.compile
 def test_release_build_trains_compiled_within_its_budget_and_constructs(tmp_path, capsys, monkeypatch):
     """A budgeted CPU build: the trained entry runs compiled for the steps its measured (compiled) rate
     affords, says so in its provenance and index row; the constructed one is built as always. A build in

@@ -242,6 +242,7 @@ def test_decay_of_a_weight_the_loss_never_touches(optimizer, expected):
     assert model.weight[0, 1].item() == pytest.approx(expected, rel=1e-4)  # Adam's ε = 1e-8 against |g| = 1e-4
 
 
+@pytest.mark.compile
 def test_compiled_run_resumes_to_the_same_weights(tmp_path):
     """compiled=True keeps each lr in a tensor the schedule rewrites in place (no recompile per step);
     that state saves and restores like the eager one: a cut compiled run resumes to the uninterrupted one."""
@@ -258,6 +259,7 @@ def test_compiled_run_resumes_to_the_same_weights(tmp_path):
         torch.testing.assert_close(ps, pr, rtol=0, atol=1e-7)
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("name", ["gated-rnn-zucchet-icl", "lru-in-out-zucchet-icl"])
 def test_compiled_training_equals_eager_to_rounding(name, tmp_path):
     """The fast path changes how the step is computed, not what: from one seed, 300 compiled steps see the
@@ -288,6 +290,7 @@ def test_compiled_training_equals_eager_to_rounding(name, tmp_path):
         torch.testing.assert_close(fast, eager, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.compile
 def test_compiled_update_traces_the_optimiser_under_an_lr_scheduler():
     """LambdaLR replaces `opt.step` by a wrapper in a file torch.compile does not trace: compiling a call to
     it captures no graph and AdamW runs eagerly. `optimizer_update` compiles the optimiser's own step."""
