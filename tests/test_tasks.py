@@ -146,15 +146,20 @@ def test_zero_predictor_script_refuses_unknown_and_non_regression_tasks():
         assert run.returncode == 2 and said in run.stderr and "Traceback" not in run.stderr, run.stderr
 
 
-def test_sizes_plot_script_refuses_rows_it_cannot_plot(tmp_path):
+def test_sizes_plot_script_refuses_rows_it_cannot_plot(tmp_path, monkeypatch):
     """scripts/zucchet_sizes_plot.py (Zucchet Figures 4.B and 5): a one-line error, not a traceback, for a file
-    that is not JSON, a row without its fields, and an entry outside the size-swept ones; no plot is written."""
+    that is not JSON, a row without its fields, and an entry outside the size-swept ones; no plot is written.
+    The script is loaded once and its main() called as `python SCRIPT ROWS --plot P` would: a SystemExit with
+    a message is what Python prints to stderr as one line, exit status 1."""
+    import importlib.util
     import json
-    import subprocess
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "scripts" / "zucchet_sizes_plot.py"
+    path = Path(__file__).resolve().parents[1] / "scripts" / "zucchet_sizes_plot.py"
+    spec = importlib.util.spec_from_file_location("zucchet_sizes_plot", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
     row = {"entry": "gru-zucchet-icl", "parameters": 542, "test_loss": 0.3, "val_loss": 0.6, "test_gd": 0.09,
            "val_gd": 0.19}
     cases = {"broken.json": ("{not json", "not a readable JSON file"),
@@ -162,7 +167,9 @@ def test_sizes_plot_script_refuses_rows_it_cannot_plot(tmp_path):
              "stranger.json": (json.dumps([{**row, "entry": "runs/x/nope--seed0--width=8"}]), "not one of the size-swept")}
     for name, (text, said) in cases.items():
         (tmp_path / name).write_text(text)
-        run = subprocess.run([sys.executable, str(script), str(tmp_path / name), "--plot", str(tmp_path / "p.png")],
-                             capture_output=True, text=True, timeout=120)
-        assert run.returncode == 1 and said in run.stderr and "Traceback" not in run.stderr, run.stderr
+        monkeypatch.setattr(sys, "argv", [str(path), str(tmp_path / name), "--plot", str(tmp_path / "p.png")])
+        with pytest.raises(SystemExit) as refused:
+            script.main()
+        message = refused.value.code
+        assert isinstance(message, str) and said in message and "\n" not in message, message
     assert not (tmp_path / "p.png").exists()
