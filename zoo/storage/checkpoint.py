@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import subprocess
 import tempfile
 import warnings
@@ -89,30 +90,27 @@ def save_weights(state: dict, path: Path, *, config_sha256: str) -> None:
 
 
 SOURCES = ("zoo", "export", "model_cards", "pyproject.toml")  # what a checkpoint's code and card come from
+SOURCE_TREE = Path(__file__).parents[2]  # the checkout: zoo/storage/checkpoint.py → its root
 
 
-def git_commit() -> str:
+def git_commit(root: Path | None = None) -> str:
     """HEAD of the source tree this code runs from. Where the sources (SOURCES: tracked changes and untracked,
     not ignored files, e.g. a new family file not yet committed) differ from it, "<sha>-dirty-<12 hex>": the hex
     is a SHA-256 of those differences (the diff and the untracked files' bytes), so a checkpoint built from
-    uncommitted code says so and which code it was. A copy of the tree without its .git folder (a GPU machine's)
-    is "unknown" unless ICL_ZOO_COMMIT names the commit it was copied from (scripts/gpu_paper_length_runs.sh
-    sets it)."""
-    root = Path(__file__).parents[2]  # the source tree: zoo/storage/checkpoint.py → the checkout
+    uncommitted code says so and which code it was (`commit_with_sources` finds the commit that holds it). A copy
+    of the tree without its .git folder (a GPU machine's) is "unknown" unless ICL_ZOO_COMMIT names the commit it
+    was copied from (scripts/gpu_paper_length_runs.sh sets it)."""
+    root = root or SOURCE_TREE
     fallback = os.environ.get("ICL_ZOO_COMMIT") or "unknown"
-
-    def git(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, timeout=10)
-
     try:
-        head = git("rev-parse", "HEAD")
+        head = _git(root, "rev-parse", "HEAD")
         if head.returncode != 0:
             return fallback
         sha = head.stdout.decode().strip()
-        status = git("status", "--porcelain", "--untracked-files=all", "-z", "--", *SOURCES)
+        status = _git(root, "status", "--porcelain", "--untracked-files=all", "-z", "--", *SOURCES)
         if status.returncode != 0 or not status.stdout.strip(b"\0"):
             return sha
-        digest = hashlib.sha256(git("diff", "HEAD", "--binary", "--", *SOURCES).stdout)
+        digest = hashlib.sha256(_git(root, "diff", "HEAD", "--binary", "--", *SOURCES).stdout)
         for record in sorted(status.stdout.split(b"\0")):
             if record.startswith(b"?? "):  # an untracked file: its path and bytes
                 path = root / record[3:].decode(errors="surrogateescape")
@@ -120,6 +118,38 @@ def git_commit() -> str:
         return f"{sha}-dirty-{digest.hexdigest()[:12]}"
     except (OSError, subprocess.SubprocessError):
         return fallback
+
+
+DIRTY = re.compile(r"([0-9a-f]{40})-dirty-([0-9a-f]{12})")
+MAX_DESCENDANTS = 2000  # commits after a dirty build's HEAD searched for its sources (each one `git diff`, ~10 ms)
+
+
+def commit_with_sources(recorded: str, root: Path | None = None) -> str | None:
+    """The first commit after a "<sha>-dirty-<12 hex>" build's HEAD whose sources (SOURCES) are the ones the build
+    ran: `git diff <sha> <commit> -- SOURCES` hashes to the recorded hex, as `git_commit` hashed the working tree's
+    diff. So a checkpoint built from uncommitted code names a commit it can be rebuilt from, checked by its hash.
+    None for a clean or unknown commit, a build whose uncommitted sources included untracked files (hashed apart
+    from the diff), a HEAD this repository lacks, or no match among the first MAX_DESCENDANTS descendants."""
+    match = DIRTY.fullmatch(recorded or "")
+    if not match:
+        return None
+    sha, hexdigest = match.groups()
+    root = root or SOURCE_TREE
+    try:
+        later = _git(root, "rev-list", "--reverse", "--ancestry-path", f"{sha}..HEAD")
+        if later.returncode != 0:
+            return None
+        for commit in later.stdout.decode().split()[:MAX_DESCENDANTS]:
+            diff = _git(root, "diff", sha, commit, "--binary", "--", *SOURCES)
+            if diff.returncode == 0 and hashlib.sha256(diff.stdout).hexdigest()[:12] == hexdigest:
+                return commit
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return None
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, timeout=10)
 
 
 _PINNED_COMMIT: str | None = None  # pin_source_commit's reading, for every checkpoint this process saves

@@ -25,7 +25,7 @@ from zoo.science.models import FAMILY_OF_TYPE
 from zoo.science.registry import default_registry, definition_sha256, get_entry, unknown_entry_error
 from zoo.storage import locate
 from zoo.storage.card import device_words
-from zoo.storage.checkpoint import read_checkpoint
+from zoo.storage.checkpoint import commit_with_sources, read_checkpoint
 from zoo.storage.locate import INDEX_JSON, INDEX_MD, ReleaseError, verify_folder
 from zoo.storage.manifest import CONFIG, CheckpointError, sha256_file, verify_files
 
@@ -72,6 +72,8 @@ def index_row(name: str, folder: Path, *, build_seconds: float | None = None, st
     }
     if prov.get("device_name"):  # the GPU's or the CPU's model, where the checkpoint records it (newer builds)
         row["device_name"] = prov["device_name"]
+    if sources := commit_with_sources(row["commit"]):  # a build from uncommitted code: the commit holding that code
+        row["sources_commit"] = sources
     row["note"] = shortfall_note(row)
     return row
 
@@ -184,7 +186,9 @@ def index_markdown(index: dict) -> str:
          + f" {departing} entries declare departures from the paper's setting or recipe "
          "(departures column; each card gives what the paper says, what the zoo does and why)."),
         "",
-        ("A commit marked *stale* was built from an entry's arch, recipe or task data that has since changed: "
+        ("A commit marked *-dirty* was built from uncommitted code; `= <commit>` names the later commit whose sources "
+         "hash to the recorded difference (`sources_commit` in index.json): the code to rebuild it from. "
+         "A commit marked *stale* was built from an entry's arch, recipe or task data that has since changed: "
          "`zoo release build` rebuilds it. Expected values, tolerances, notes and departures are not part of "
          "what a build is made from: `zoo release refresh` re-renders the cards and this index after a change to them."),
         "",
@@ -198,7 +202,9 @@ def index_markdown(index: dict) -> str:
         device = device_words(r) + (f" ({r['threads']} thr)" if r.get("threads") else "")
         checks = "<br>".join(_check_cell(c) for c in r["checks"]) or "—"
         commit = r["commit"] or "unknown"
-        commit = commit[:10] + ("-dirty" if "-dirty" in commit else "") + ("" if current.get(r["entry"], True) else " *stale*")
+        commit = (commit[:10] + ("-dirty" if "-dirty" in commit else "")
+                  + (f"` = `{r['sources_commit'][:10]}" if r.get("sources_commit") else "")
+                  + ("" if current.get(r["entry"], True) else " *stale*"))
         gd = f"{_fmt(r['gd_loss'])} ({r['gd_steps']})" if r.get("gd_loss") is not None else "—"
         departures = "; ".join(r.get("deviations") or []) or "—"
         lines.append(f"| [{r['entry']}]({r['entry']}/README.md) | `{r.get('arch', r['family'])}` ({r['family']}) | {r['paper']} | {r['source']} | {steps} | "
