@@ -185,16 +185,28 @@ def test_a_pinned_commit_is_what_later_checkpoints_record(monkeypatch):
     assert ck.provenance(0, 10, "cpu", {})["git_commit"] == "b" * 40 + "-dirty-0123456789ab"
 
 
-def test_a_dirty_build_names_the_later_commit_that_holds_its_sources(tmp_path):
+def test_a_dirty_build_names_the_later_commit_that_holds_its_sources(tmp_path, monkeypatch):
     """git_commit hashes a working tree's uncommitted source changes into "<sha>-dirty-<hex>"; commit_with_sources
     finds the later commit whose diff from <sha> hashes the same: the code to rebuild from. An unrelated later
-    commit, a change outside the sources, untracked source files and a clean commit name none."""
+    commit, a change outside the sources, untracked source files, a clean commit and a non-string name none. The
+    user's git configuration (prefixes, colour, abbreviation) changes neither the digest nor the answer."""
+    import os
     import subprocess
 
     from zoo.storage.checkpoint import commit_with_sources, git_commit
 
+    for var in [v for v in os.environ if v.startswith("GIT_")]:
+        monkeypatch.delenv(var)  # a hook's GIT_DIR would point git elsewhere
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", os.devnull)  # no signing, hooks or diff settings of this machine's user
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+
     def git(*args):
-        return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True).stdout.strip()
+        return subprocess.run(["git", "-c", "commit.gpgsign=false", *args], cwd=tmp_path, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    def resolve(recorded):
+        commit_with_sources.cache_clear()  # the repository changes between calls
+        return commit_with_sources(recorded, tmp_path)
 
     git("init", "-q")
     git("config", "user.email", "t@example.org")
@@ -205,28 +217,33 @@ def test_a_dirty_build_names_the_later_commit_that_holds_its_sources(tmp_path):
     git("add", "-A")
     git("commit", "-qm", "base")
     base = git("rev-parse", "HEAD")
-    assert git_commit(tmp_path) == base and commit_with_sources(base, tmp_path) is None
+    assert git_commit(tmp_path) == base and resolve(base) is None
 
     (tmp_path / "zoo" / "model.py").write_text("A = 2\n")  # the build runs on this uncommitted change
     (tmp_path / "notes.md").write_text("edited\n")  # outside the sources: not part of the digest
     recorded = git_commit(tmp_path)
     assert recorded.startswith(base + "-dirty-") and len(recorded) == 40 + 7 + 12
-    assert commit_with_sources(recorded, tmp_path) is None  # nothing committed after the base holds it yet
+    for key, value in (("diff.mnemonicPrefix", "true"), ("diff.noprefix", "true"), ("color.ui", "always"),
+                       ("core.abbrev", "12")):
+        git("config", key, value)  # another user's settings: the same tree, the same digest
+    assert git_commit(tmp_path) == recorded
+    assert resolve(recorded) is None  # nothing committed after the base holds it yet
 
     (tmp_path / "zoo" / "model.py").write_text("A = 3\n")
     git("commit", "-qam", "something else")  # a later commit with other sources
-    assert commit_with_sources(recorded, tmp_path) is None
+    assert resolve(recorded) is None
     (tmp_path / "zoo" / "model.py").write_text("A = 2\n")
     git("commit", "-qam", "the build's code")
     holder = git("rev-parse", "HEAD")
     (tmp_path / "zoo" / "model.py").write_text("A = 4\n")
     git("commit", "-qam", "after")
-    assert commit_with_sources(recorded, tmp_path) == holder
-    assert commit_with_sources(recorded[:-1] + ("0" if recorded[-1] != "0" else "1"), tmp_path) is None  # another digest
+    assert resolve(recorded) == holder
+    assert resolve(recorded[:-1] + ("0" if recorded[-1] != "0" else "1")) is None  # another digest
 
     (tmp_path / "zoo" / "new_family.py").write_text("B = 1\n")  # untracked sources are hashed apart from the diff
     untracked = git_commit(tmp_path)
     git("add", "-A")
     git("commit", "-qm", "adds the family")
-    assert commit_with_sources(untracked, tmp_path) is None
-    assert commit_with_sources("unknown", tmp_path) is None and commit_with_sources("f" * 40 + "-dirty-" + "0" * 12, tmp_path) is None
+    assert resolve(untracked) is None
+    assert resolve("unknown") is None and resolve("f" * 40 + "-dirty-" + "0" * 12) is None
+    assert resolve(5) is None and resolve(None) is None  # a config.json's value may be anything

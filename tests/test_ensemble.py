@@ -184,6 +184,12 @@ def test_compiled_ensemble_equals_eager_ensemble(tmp_path):
     for a, b in zip(runs[0].models, runs[1].models):
         for pa, pb in zip(a.parameters(), b.parameters()):
             torch.testing.assert_close(pb, pa, rtol=1e-4, atol=1e-4)
+
+
+def test_compiling_a_cuda_graph_launch_is_refused(tmp_path):
+    """compiled=True compiles eager launches; with cuda_graph=True it is refused before anything trains."""
+    entry, task, make = setup("gated-rnn-zucchet-icl", **{"arch.hidden": 16})
     with pytest.raises(ValueError, match="compiled=True is for eager launches"):
-        train_ensemble(make, task, recipe, [0], run_dir=tmp_path / "cg", steps=2, device="cpu", cuda_graph=True,
+        train_ensemble(make, task, entry.source, [0], run_dir=tmp_path / "cg", steps=2, device="cpu", cuda_graph=True,
                        compiled=True, progress=False)
+    assert not (tmp_path / "cg").exists() or not any((tmp_path / "cg").iterdir())  # nothing written

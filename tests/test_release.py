@@ -74,6 +74,22 @@ def test_every_registry_entry_is_released_and_current():
         "INDEX.md is not what index.json generates: run `zoo release refresh`"
 
 
+def test_a_dirty_commit_names_the_commit_that_holds_its_sources():
+    """Every row built from uncommitted code and naming a `sources_commit` names the one this repository's history
+    gives by hash (checkpoint.commit_with_sources); a row that could name one does. Needs the full git history."""
+    from zoo.storage.checkpoint import SOURCE_TREE, commit_with_sources
+
+    shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=SOURCE_TREE, capture_output=True,
+                             text=True)
+    if shallow.returncode != 0 or shallow.stdout.strip() != "false":
+        pytest.skip("not a full git checkout of the sources")
+    dirty = {name: row for name, row in INDEX["entries"].items() if "-dirty-" in (row.get("commit") or "")}
+    if not dirty:
+        pytest.skip("no released row was built from uncommitted code")
+    for name, row in dirty.items():
+        assert commit_with_sources(row["commit"]) == row.get("sources_commit"), name
+
+
 def test_release_size_is_within_budget():
     total = sum(p.stat().st_size for p in locate.release_dir().rglob("*") if p.is_file())
     assert total < 40 * 2**20, f"release is {total / 2**20:.1f} MiB (budget 40 MiB)"

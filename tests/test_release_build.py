@@ -27,10 +27,9 @@ def test_plan_measures_eager_and_compiled_and_totals_them(capsys):
 
 
 @pytest.mark.compile
-def test_release_build_trains_compiled_within_its_budget_and_constructs(tmp_path, capsys, monkeypatch):
+def test_release_build_trains_compiled_within_its_budget_and_constructs(tmp_path):
     """A budgeted CPU build: the trained entry runs compiled for the steps its measured (compiled) rate
-    affords, says so in its provenance and index row; the constructed one is built as always. A build in
-    one process shows each entry's name and its training's step bar."""
+    affords, says so in its provenance and index row; the constructed one is built as always."""
     index = release.build_release(tmp_path, only=["fast-weight-triples", "lsa-gd-zucchet-icl"], time_budget=1,
                                   device="cpu", progress=False)
     trained, constructed = index["entries"]["fast-weight-triples"], index["entries"]["lsa-gd-zucchet-icl"]
@@ -38,7 +37,11 @@ def test_release_build_trains_compiled_within_its_budget_and_constructs(tmp_path
     config = json.loads((tmp_path / "fast-weight-triples" / "config.json").read_text())
     assert config["provenance"]["compiled"] is True and config["provenance"]["steps"] == trained["steps"]
     assert constructed["source"] == "constructed" and constructed["verdict"].startswith("meets")
-    capsys.readouterr()
+
+
+def test_an_eager_release_build_announces_its_entry_and_shows_the_step_bar(tmp_path, capsys, monkeypatch):
+    """compiled=False: a budgeted build trains eagerly, makes the model twice (the seed's, which decides the training
+    mode and is trained, and the rate probe's), says where and how long, and shows the step bar to its end."""
     import zoo.running.builder
     import zoo.science.models
 

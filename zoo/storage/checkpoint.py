@@ -32,6 +32,7 @@ import platform
 import re
 import subprocess
 import tempfile
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,7 +111,7 @@ def git_commit(root: Path | None = None) -> str:
         status = _git(root, "status", "--porcelain", "--untracked-files=all", "-z", "--", *SOURCES)
         if status.returncode != 0 or not status.stdout.strip(b"\0"):
             return sha
-        digest = hashlib.sha256(_git(root, "diff", "HEAD", "--binary", "--", *SOURCES).stdout)
+        digest = hashlib.sha256(_sources_diff(root, "HEAD").stdout)
         for record in sorted(status.stdout.split(b"\0")):
             if record.startswith(b"?? "):  # an untracked file: its path and bytes
                 path = root / record[3:].decode(errors="surrogateescape")
@@ -122,30 +123,51 @@ def git_commit(root: Path | None = None) -> str:
 
 DIRTY = re.compile(r"([0-9a-f]{40})-dirty-([0-9a-f]{12})")
 MAX_DESCENDANTS = 2000  # commits after a dirty build's HEAD searched for its sources (each one `git diff`, ~10 ms)
+SEARCH_SECONDS = 20.0  # and at most this long in all
 
 
+@functools.lru_cache(maxsize=64)
 def commit_with_sources(recorded: str, root: Path | None = None) -> str | None:
     """The first commit after a "<sha>-dirty-<12 hex>" build's HEAD whose sources (SOURCES) are the ones the build
     ran: `git diff <sha> <commit> -- SOURCES` hashes to the recorded hex, as `git_commit` hashed the working tree's
     diff. So a checkpoint built from uncommitted code names a commit it can be rebuilt from, checked by its hash.
-    None for a clean or unknown commit, a build whose uncommitted sources included untracked files (hashed apart
-    from the diff), a HEAD this repository lacks, or no match among the first MAX_DESCENDANTS descendants."""
-    match = DIRTY.fullmatch(recorded or "")
+    None for anything else: a clean or unknown commit, a value that is not such a string (it comes from a
+    downloaded config.json), a build whose uncommitted sources included untracked files (hashed apart from the
+    diff), a HEAD this repository lacks, a tree that is not the sources' own checkout (an installed wheel), or no
+    match among the first MAX_DESCENDANTS descendants within SEARCH_SECONDS. Cached per process."""
+    match = DIRTY.fullmatch(recorded) if isinstance(recorded, str) else None
     if not match:
         return None
     sha, hexdigest = match.groups()
     root = root or SOURCE_TREE
+    deadline = time.monotonic() + SEARCH_SECONDS
     try:
+        top = _git(root, "rev-parse", "--show-toplevel")
+        if top.returncode != 0 or Path(top.stdout.decode().strip()).resolve() != Path(root).resolve():
+            return None  # not a checkout of these sources (a wheel installed inside some other repository)
         later = _git(root, "rev-list", "--reverse", "--ancestry-path", f"{sha}..HEAD")
         if later.returncode != 0:
             return None
         for commit in later.stdout.decode().split()[:MAX_DESCENDANTS]:
-            diff = _git(root, "diff", sha, commit, "--binary", "--", *SOURCES)
+            if time.monotonic() > deadline:
+                return None
+            diff = _sources_diff(root, sha, commit)
             if diff.returncode == 0 and hashlib.sha256(diff.stdout).hexdigest()[:12] == hexdigest:
                 return commit
     except (OSError, subprocess.SubprocessError):
         return None
     return None
+
+
+def _sources_diff(root: Path, *revisions: str) -> subprocess.CompletedProcess:
+    """`git diff <revisions> --binary -- SOURCES` in git's default output, whatever the user's git configuration:
+    prefixes, colour, external drivers, text conversion, renames and the abbreviation of blob ids (7 hex digits,
+    git's default below 16,384 objects) are pinned, so one tree hashes the same on every machine and as the repository
+    grows. (Git still lengthens an id whose 7 digits are ambiguous among its objects.)"""
+    pinned = ("-c", "core.abbrev=7", "-c", "diff.mnemonicPrefix=false", "-c", "diff.noprefix=false",
+              "-c", "diff.renames=true", "-c", "diff.relative=false", "-c", "core.quotePath=true")
+    return _git(root, *pinned, "diff", *revisions, "--binary", "--no-ext-diff", "--no-color", "--no-textconv",
+                "--src-prefix=a/", "--dst-prefix=b/", "--diff-algorithm=myers", "-U3", "--", *SOURCES)
 
 
 def _git(root: Path, *args: str) -> subprocess.CompletedProcess:

@@ -258,8 +258,11 @@ def refresh_release(root: Path | None = None, *, only: list[str] | None = None, 
             _swap_in(root, name, staged)
         else:
             write_card_and_figures(ckpt, root / name, extra_metrics=remeasured)
-        index["entries"][name] = index_row(name, root / name, build_seconds=row.get("build_seconds"),
-                                           steps_per_second=row.get("steps_per_second"), remeasured=remeasured)
+        new_row = index_row(name, root / name, build_seconds=row.get("build_seconds"),
+                            steps_per_second=row.get("steps_per_second"), remeasured=remeasured)
+        if "sources_commit" in row and "sources_commit" not in new_row and new_row["commit"] == row.get("commit"):
+            new_row["sources_commit"] = row["sources_commit"]  # git cannot answer here (no .git, a shallow clone)
+        index["entries"][name] = new_row
     index["version"] = VERSION  # the release these files make up (a refresh may change them: new graphs, cards)
     write_index(root, index)
     return index

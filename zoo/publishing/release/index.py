@@ -202,13 +202,13 @@ def index_markdown(index: dict) -> str:
         device = device_words(r) + (f" ({r['threads']} thr)" if r.get("threads") else "")
         checks = "<br>".join(_check_cell(c) for c in r["checks"]) or "—"
         commit = r["commit"] or "unknown"
-        commit = (commit[:10] + ("-dirty" if "-dirty" in commit else "")
-                  + (f"` = `{r['sources_commit'][:10]}" if r.get("sources_commit") else "")
+        commit = (f"`{commit[:10]}" + ("-dirty" if "-dirty" in commit else "") + "`"
+                  + (f" = `{r['sources_commit'][:10]}`" if r.get("sources_commit") else "")
                   + ("" if current.get(r["entry"], True) else " *stale*"))
         gd = f"{_fmt(r['gd_loss'])} ({r['gd_steps']})" if r.get("gd_loss") is not None else "—"
         departures = "; ".join(r.get("deviations") or []) or "—"
         lines.append(f"| [{r['entry']}]({r['entry']}/README.md) | `{r.get('arch', r['family'])}` ({r['family']}) | {r['paper']} | {r['source']} | {steps} | "
-                     f"{device} | {_fmt(r['test_loss'])} | {gd} | {checks} | **{r['verdict']}** | {departures} | {r['note']} | `{commit}` |")
+                     f"{device} | {_fmt(r['test_loss'])} | {gd} | {checks} | **{r['verdict']}** | {departures} | {r['note']} | {commit} |")
         quotes += [f"- `{r['entry']}` {c['metric']}: {c['section']}: “{c['quote']}”"
                    + (f" (“{c['paper_claim']}”)" if c.get("paper_claim") else "") for c in r["checks"] if c.get("source") == "paper"]
     if quotes:
