@@ -404,6 +404,12 @@ def test_claims_are_checked_as_what_they_are():
     ok = {"gd_loss": 0.1, "gd_paired_diff": 1e-5, "gd_paired_se": 2e-5, "gd_paired_n": 10_000}
     assert check(paired, ok)[0].meets  # +0.01% ± 0.02%: within the paper's 0.21% gap
     assert not check(paired, {**ok, "gd_paired_diff": 1e-3, "gd_paired_se": 1e-5})[0].meets  # +1% ± 0.01%
+    # a reference comparison (the closed form as both values: no gap) holds within 2 s.e. alone, and never says "paper"
+    same = entry(test_loss=Expected(value=0.0946, gd_value=0.0946, kind="paired_gd", source="reference", note="closed form"))
+    (c,) = check(same, ok)  # +0.01% ± 0.02%: within 2 s.e.
+    assert c.status == "matches the reference" and "paper" not in c.tolerance
+    (c,) = check(same, {**ok, "gd_paired_diff": 5e-5, "gd_paired_se": 2e-5})  # +0.05% ± 0.02%: 2.5 s.e. off
+    assert c.status == "differs from the reference" and not c.meets
 
 
 def test_an_override_that_ends_a_departure_drops_it_from_the_run():

@@ -81,7 +81,7 @@ def cmd_unpack(args) -> int:
     release.unpack_archive(Path(args.archive), root, adopt_index=args.adopt_index)
     if args.adopt_index:
         print(f"unpacked {args.archive} into {root}: ITS index.json IS NOW THE TRUST ROOT there (every file "
-              "hash-verified against the archive's own index, not against the index shipped before)")
+              "hash-checked against the archive's own index, not verified against the index shipped before)")
     else:
         print(f"unpacked {args.archive} into {root} (every file hash-verified against the shipped index "
               f"{locate.release_dir() / locate.INDEX_JSON})")

@@ -575,8 +575,9 @@ def release_summary(index: dict) -> str:
            else "none holds a shorter run. ")
         + f"{c['departures']} of the {c['entries']} entries declare departures from the paper's setting or recipe "
         f"(the index's departures column; each card lists them: what the paper says, what the zoo does, why). "
-        f"Against numbers the papers print: {c['meet']} meet, {c['fall_short']} fall short, "
-        f"{c['meet_where_checkable']} meet where checkable. Against a reference the zoo computes (not paper "
+        f"Against numbers the papers print: {c['meet']} meet, {c['fall_short']} fall short"
+        + (f", {c['meet_where_checkable']} meet where checkable. " if c["meet_where_checkable"] else ". ")
+        + "Against a reference the zoo computes (not paper "
         f"verdicts): {c['match_reference']} match, {c['differ_reference']} differ. {c['no_expected']} entries have "
         "no expected value; their numbers appear on the pages above.",
         "",

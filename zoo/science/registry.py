@@ -210,7 +210,7 @@ class Expected(Strict):
     (a bound, with an optional margin), or `paired_gd` (the model's loss equals one GD step's:
     `value` is the paper's model loss and `gd_value` its GD loss; the zoo's paired difference
     against GD on the same test tasks, with its standard error, must be no larger than the
-    paper's gap plus two standard errors)."""
+    paper's gap plus two standard errors; a reference claim gives the closed form as both: no gap)."""
 
     value: float = Field(allow_inf_nan=False)  # the number (the paper's, or the reference's)
     source: Literal["paper", "reference"] | None = None  # required in the registry; None: a checkpoint of an older zoo
@@ -221,7 +221,7 @@ class Expected(Strict):
     rel_tol: float | None = Field(None, ge=0, allow_inf_nan=False)  # relative: |m − v| ≤ rel_tol·|v| (a bound: its margin)
     # An order-of-magnitude claim is checked on a log scale instead: |log10(m / v)| ≤ log10_tol.
     log10_tol: float | None = Field(None, gt=0, allow_inf_nan=False)
-    gd_value: float | None = Field(None, gt=0, allow_inf_nan=False)  # kind = "paired_gd": the paper's GD loss
+    gd_value: float | None = Field(None, gt=0, allow_inf_nan=False)  # kind = "paired_gd": the paper's GD loss (reference: = value)
     note: str = ""
 
     @model_validator(mode="after")

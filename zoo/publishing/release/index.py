@@ -177,9 +177,10 @@ def index_markdown(index: dict) -> str:
         "`zoo hub serve` serves it as `icl-zoo/<entry>` at tag `" + index["version"] + "`.",
         "",
         (f"{len(rows)} entries released ({len(missing)} registry entries missing). Verdicts against numbers the papers "
-         f"print (each quoted below the table): {counts['meets']} meet, {counts['falls short']} fall short, "
-         f"{counts['meets where checkable']} meet where checkable (a claim the zoo cannot measure on that checkpoint). "
-         f"Checked only against a reference the zoo computes (a closed form or a construction, not a paper verdict): "
+         f"print (each quoted below the table): {counts['meets']} meet, {counts['falls short']} fall short"
+         + (f", {counts['meets where checkable']} meet where checkable (a claim the zoo cannot measure on that "
+            "checkpoint). " if counts["meets where checkable"] else ". ")
+         + f"Checked only against a reference the zoo computes (a closed form or a construction, not a paper verdict): "
          f"{counts['matches the reference']} match, {counts['differs from the reference']} differ. "
          f"{counts['no paper value']} have no expected value. "
          + _short_runs_sentence(short_runs)

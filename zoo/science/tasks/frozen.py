@@ -164,7 +164,7 @@ def _locked(folder: Path):
 
 def load_split(task_name: str, split: str, *, spec, rebuild: bool = False) -> FrozenSplit:
     """The frozen split `split` of task `task_name`, whose registry spec (zoo.science.registry.get_task_spec)
-    is `spec`: from the cache (built on first use from the spec's seed), hash-verified against it.
+    is `spec`: from the cache (built on first use from the spec's seed), hash-checked against it.
 
     A split with no registered hash (a task variant such as `--set task.n_context=20`) is checked
     against the hash of the split regenerated from its seed: a cached copy is never trusted as is."""
@@ -281,7 +281,7 @@ class DatasetShapeMismatch(DatasetHashMismatch):
 def load_split_from_hub(repo_id: str, *, split: str = "test", revision: str | None = None,
                         expected_sha256: str | None = None, endpoint: str | None = None,
                         spec=None) -> FrozenSplit:
-    """A frozen split published as a Hub dataset repo, hash-verified.
+    """A frozen split published as a Hub dataset repo, hash-checked against the registry.
 
     The repo's parquet and README are fetched by `snapshot_download` (from `endpoint`, else HF_ENDPOINT)
     into a temporary folder that is deleted on return, refused or not. The split's files are the ones
