@@ -173,3 +173,36 @@ def test_sizes_plot_script_refuses_rows_it_cannot_plot(tmp_path, monkeypatch):
         message = refused.value.code
         assert isinstance(message, str) and said in message and "\n" not in message, message
     assert not (tmp_path / "p.png").exists()
+
+
+def test_teacher_student_sizes_script_redraws_saved_rows_and_refuses_broken_ones(tmp_path, monkeypatch):
+    """scripts/zucchet_teacher_student_sizes.py (Zucchet Figure 5, teacher–student panel): `--plot-only` draws
+    saved rows (one line per variant and length, the full recipe's points apart) and refuses, in one line and
+    without a plot, a file that is not JSON, a row without its fields and a variant outside Figure 5's."""
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "zucchet_teacher_student_sizes.py"
+    spec = importlib.util.spec_from_file_location("zucchet_teacher_student_sizes", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    row = {"entry": "runs/x/lru-out-student-d6--seed0--width=16", "label": "LRU Out", "parameters": 1814,
+           "steps": 200_000, "train_loss": 0.5, "val_loss": 0.51, "test_loss": 0.52}
+    good = [row, {**row, "parameters": 6694, "val_loss": 0.4}, {**row, "label": "LRU In+Out", "steps": 1_000_000}]
+    (tmp_path / "good.json").write_text(json.dumps(good))
+    monkeypatch.setattr(sys, "argv", [str(path), "--plot-only", str(tmp_path / "good.json"), "--plot", str(tmp_path / "ok.png")])
+    script.main()
+    assert (tmp_path / "ok.png").stat().st_size > 10_000
+    cases = {"broken.json": ("[1,", "not a readable JSON file"),
+             "short.json": (json.dumps([{"entry": "x", "label": "LRU Out"}]), "row 0 lacks parameters"),
+             "stranger.json": (json.dumps([{**row, "label": "GRU"}]), "unknown variant 'GRU'")}
+    for name, (text, said) in cases.items():
+        (tmp_path / name).write_text(text)
+        monkeypatch.setattr(sys, "argv", [str(path), "--plot-only", str(tmp_path / name), "--plot", str(tmp_path / "p.png")])
+        with pytest.raises(SystemExit) as refused:
+            script.main()
+        message = refused.value.code
+        assert isinstance(message, str) and said in message and "\n" not in message, message
+    assert not (tmp_path / "p.png").exists()
