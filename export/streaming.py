@@ -170,7 +170,7 @@ def _resolve(path_or_repo: str | Path, revision: str | None, endpoint: str | Non
     a chunk graph is taken only when the config lists it. A bare .onnx file is unverified and says so.
     Every graph is checked to be self-contained standard ONNX before a runtime opens it."""
     p = Path(path_or_repo)
-    if p.is_file():  # a bare graph: its sibling chunk graph only from a checkpoint folder that verifies and lists it
+    if p.is_file():  # a bare graph: its sibling chunk graph only from a checkpoint folder whose hashes check and that lists it
         graphs = {p: contained_file(p.parent, p.name).read_bytes()}
         sibling, trust = p.with_name(CHUNK_FILE), UNVERIFIED
         chunk = None

@@ -2,13 +2,16 @@
 d = 6 LSA teacher, with the training loss beside the held-out one (the caption: "include both training
 and validation losses"; on this task both come from one distribution).
 
-    python scripts/zucchet_teacher_student_sizes.py runs/figure-5-ts-*/* lru-out-student-d6 lru-in-out-student-d6 \
+    python scripts/zucchet_teacher_student_sizes.py runs/figure-5-ts-*/*/ lru-out-student-d6 lru-in-out-student-d6 \
         --json rows.json --plot sizes.png
+
+(the trailing `/` keeps a sweep folder's results.json and results.md out of the glob).
 
 Each argument is a checkpoint: a bare name loads from the shipped release (verified against release/index.json),
 a folder (a sweep run) is checked against its own manifest (`trust` in the rows says which). Each is scored on
 its task's frozen test and validation splits as `zoo eval --split test|validation` scores it; its training loss
-is the last record of its training history (the mean over the last evaluation interval: 5,000 steps).
+is the last record of its training history: the mean of the training batches' losses since the record before
+(`train_loss_steps` in the rows; 5,000 for these entries).
 `--plot-only rows.json …` redraws the figure from saved rows.
 """
 
@@ -37,17 +40,21 @@ def row(name: str) -> dict:
         raise SystemExit(f"{name}: {e}") from None
     arch = ckpt.entry.arch
     key = (getattr(arch, "variant", None), getattr(arch, "n_layers", 1))
-    if ckpt.entry.task != "teacher-student-d6" or arch.type != "lru" or key not in VARIANTS:
-        raise SystemExit(f"{name}: not an LRU variant of Figure 5 ({', '.join(VARIANTS.values())}) on teacher-student-d6")
+    plain = arch.type == "lru" and not getattr(arch, "residual", False) and getattr(arch, "hidden", None) in (None, arch.width)
+    if ckpt.entry.task != "teacher-student-d6" or not plain or key not in VARIANTS:
+        raise SystemExit(f"{name}: not an LRU variant of Figure 5 ({', '.join(VARIANTS.values())}; no residual, hidden = "
+                         "width) on teacher-student-d6")
     spec = default_registry().tasks[ckpt.entry.task]
     test = rescore(ckpt, load_split(ckpt.entry.task, "test", spec=spec))
     val = rescore(ckpt, load_split(ckpt.entry.task, "validation", spec=spec))
-    history = ckpt.history or []
+    history = [r for r in (ckpt.history or []) if isinstance(r, dict) and "train_loss" in r]
     last = history[-1] if history else {}
+    before = history[-2]["step"] if len(history) > 1 else 0
     return {"entry": name, "label": VARIANTS[key], "trust": ckpt.trust, "width": arch.width,
             "parameters": sum(p.numel() for p in ckpt.model.parameters()), "steps": ckpt.provenance.get("steps"),
             "seed": ckpt.entry.source.seed, "commit": ckpt.provenance.get("git_commit"),
             "train_loss": last.get("train_loss"), "train_loss_at": last.get("step"),
+            "train_loss_steps": last["step"] - before if last else None,
             "val_loss": val["test_loss"], "test_loss": test["test_loss"]}
 
 
@@ -65,31 +72,50 @@ def read_rows(path: Path) -> list[dict]:
             raise SystemExit(f"{path}: row {i} lacks {', '.join(missing)}")
         if r["label"] not in VARIANTS.values():
             raise SystemExit(f"{path}: row {i} has an unknown variant {r['label']!r}")
+        for f in ("parameters", "steps"):
+            if not isinstance(r[f], int) or isinstance(r[f], bool) or r[f] <= 0:
+                raise SystemExit(f"{path}: row {i}'s {f} is {r[f]!r}, not a positive integer")
+        for f in ("train_loss", "val_loss", "test_loss"):
+            v = r[f]
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0):
+                raise SystemExit(f"{path}: row {i}'s {f} is {v!r}, not a positive finite number (or null)")
+        if "seed" in r and not (r["seed"] is None or isinstance(r["seed"], int)):
+            raise SystemExit(f"{path}: row {i}'s seed is {r['seed']!r}, not an integer")
     return rows
 
 
-def plot(rows: list[dict], out: Path) -> Path:
-    from zoo.science.analysis.plots import plt, save
+def draw(rows: list[dict]):
+    """The figure: training and validation loss against parameters, a line per variant, length and seed."""
+    from zoo.science.analysis.plots import plt
 
-    lines = defaultdict(lambda: defaultdict(list))  # label → steps → rows
+    lines = defaultdict(lambda: defaultdict(list))  # label → (steps, seed) → rows: one line per seed and length
     for r in rows:
-        lines[r["label"]][r["steps"]].append(r)
+        lines[r["label"]][(r["steps"], r.get("seed"))].append(r)
+    seeds = len({r.get("seed") for r in rows})
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.9), sharey=True)
-    panels = [("train_loss", "training loss (last 5,000 steps)"), ("val_loss", "validation loss (frozen split)")]
+    panels = [("train_loss", "training loss (since the history's previous record)"),
+              ("val_loss", "validation loss (frozen split)")]
     for ax, (key, title) in zip(axes, panels):
         for i, label in enumerate(VARIANTS.values()):
-            for steps, points in sorted(lines[label].items()):
-                points = sorted(points, key=lambda r: r["parameters"])
-                full = steps is not None and steps >= 1_000_000
+            for (steps, seed), points in sorted(lines[label].items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+                points = [r for r in sorted(points, key=lambda r: r["parameters"]) if r[key] is not None]
+                full = steps >= 1_000_000
+                length = f"{steps / 1e6:g}M steps" if full else f"{steps / 1000:g}k steps"
                 ax.plot([r["parameters"] for r in points], [r[key] for r in points], color=f"C{i}",
                         marker="*" if full else "o", ms=10 if full else 5, ls="none" if full else "-",
-                        label=f"{label}, {steps / 1e6:g}M steps" if full else f"{label}, {steps / 1000:g}k steps")
+                        label=f"{label}, {length}" + (f", seed {seed}" if seeds > 1 else ""))
         ax.set(xscale="log", yscale="log", xlabel="parameters", title=title)
     axes[0].set_ylabel("½·MSE to the teacher's output\n(zero predictor 1.812)")
     axes[1].legend(fontsize=7)
-    fig.suptitle("Zucchet et al. Fig. 5, teacher–student (d = 6): LRU variants against parameter count, one seed",
-                 fontsize=10)
-    return save(fig, out)
+    fig.suptitle(f"Zucchet et al. Fig. 5, teacher–student (d = 6): LRU variants against parameter count, "
+                 f"{'one seed' if seeds == 1 else f'{seeds} seeds, one line each'}", fontsize=10)
+    return fig
+
+
+def plot(rows: list[dict], out: Path) -> Path:
+    from zoo.science.analysis.plots import save
+
+    return save(draw(rows), out)
 
 
 def main() -> None:
@@ -103,6 +129,10 @@ def main() -> None:
         parser.error("give checkpoints to score, or --plot-only ROWS.json to redraw")
     rows = ([r for p in args.plot_only for r in read_rows(p)] if args.plot_only else
             sorted((row(name) for name in args.checkpoints), key=lambda r: (r["label"], r["steps"] or 0, r["parameters"])))
+    if not args.plot_only:
+        for r in rows:
+            if not isinstance(r["steps"], int):
+                raise SystemExit(f"{r['entry']}: records no step count (a constructed or foreign checkpoint)")
     print("| variant | parameters | steps | training loss | validation loss | test loss | checkpoint |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:

@@ -317,6 +317,10 @@ source = { kind = "constructed", construction = "gd" }
     ('value = 0.5\nrel_tol = 0.03\nsource = "reference"', "a reference value needs a note"),
     ('value = 0.5\nsource = "reference"\nnote = "closed form"', "kind 'within' needs one tolerance"),
     ('value = 0.5\nsource = "reference"\nnote = "n"\nkind = "paired_gd"', "gd_value"),
+    ('value = 0.5\ngd_value = 0.49\nsource = "reference"\nnote = "n"\nkind = "paired_gd"', "gd_value must equal value"),
+    ('value = 0.5\ngd_value = 0.5\nrel_tol = 0.01\nsource = "paper"\nquote = "q"\nsection = "s"\nkind = "paired_gd"',
+     "against the paper's gap"),
+    ('value = 0.5\ngd_value = 0.5\nlog10_tol = 1\nsource = "reference"\nnote = "n"\nkind = "paired_gd"', "no log10_tol"),
 ])
 def test_an_expected_value_says_where_it_comes_from(tmp_path, expected, message):
     write(tmp_path, EXPECTED_ENTRY + "[models.m.expected.test_loss]\n" + expected + "\n")
@@ -404,12 +408,19 @@ def test_claims_are_checked_as_what_they_are():
     ok = {"gd_loss": 0.1, "gd_paired_diff": 1e-5, "gd_paired_se": 2e-5, "gd_paired_n": 10_000}
     assert check(paired, ok)[0].meets  # +0.01% ± 0.02%: within the paper's 0.21% gap
     assert not check(paired, {**ok, "gd_paired_diff": 1e-3, "gd_paired_se": 1e-5})[0].meets  # +1% ± 0.01%
-    # a reference comparison (the closed form as both values: no gap) holds within 2 s.e. alone, and never says "paper"
+    # a reference comparison (the closed form as both values) holds within 2 s.e. and its declared margin, if any,
+    # and never says "paper"
     same = entry(test_loss=Expected(value=0.0946, gd_value=0.0946, kind="paired_gd", source="reference", note="closed form"))
     (c,) = check(same, ok)  # +0.01% ± 0.02%: within 2 s.e.
-    assert c.status == "matches the reference" and "paper" not in c.tolerance
-    (c,) = check(same, {**ok, "gd_paired_diff": 5e-5, "gd_paired_se": 2e-5})  # +0.05% ± 0.02%: 2.5 s.e. off
+    assert c.status == "matches the reference" and "paper" not in c.tolerance and c.tolerance == "gap within ±2 s.e."
+    off = {**ok, "gd_paired_diff": 5e-5, "gd_paired_se": 2e-5}  # +0.05% ± 0.02%: 2.5 s.e. off
+    (c,) = check(same, off)
     assert c.status == "differs from the reference" and not c.meets
+    margin = entry(test_loss=Expected(value=0.0946, gd_value=0.0946, kind="paired_gd", source="reference", rel_tol=0.0021,
+                                      note="closed form"))
+    (c,) = check(margin, off)  # 0.05% ≤ 0.21% + 0.04%
+    assert c.status == "matches the reference" and c.tolerance == "gap within ±(0.21% + 2 s.e.)"
+    assert not check(margin, {**ok, "gd_paired_diff": 3e-4, "gd_paired_se": 1e-5})[0].meets  # 0.3% > 0.21% + 0.02%
 
 
 def test_an_override_that_ends_a_departure_drops_it_from_the_run():

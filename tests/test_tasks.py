@@ -195,9 +195,19 @@ def test_teacher_student_sizes_script_redraws_saved_rows_and_refuses_broken_ones
     monkeypatch.setattr(sys, "argv", [str(path), "--plot-only", str(tmp_path / "good.json"), "--plot", str(tmp_path / "ok.png")])
     script.main()
     assert (tmp_path / "ok.png").stat().st_size > 10_000
+    fig = script.draw(good)  # one line per variant and length: LRU Out's two widths are one line, the 1M point apart
+    labels = [line.get_label() for line in fig.axes[1].get_lines()]
+    assert labels == ["LRU Out, 200k steps", "LRU In+Out, 1M steps"], labels
+    assert [len(line.get_xdata()) for line in fig.axes[1].get_lines()] == [2, 1]
+    two = script.draw([*good, {**row, "seed": 1}])  # a second seed is a line of its own, and the title says so
+    assert "LRU Out, 200k steps, seed 1" in [line.get_label() for line in two.axes[1].get_lines()]
+    assert "2 seeds" in two._suptitle.get_text()
     cases = {"broken.json": ("[1,", "not a readable JSON file"),
              "short.json": (json.dumps([{"entry": "x", "label": "LRU Out"}]), "row 0 lacks parameters"),
-             "stranger.json": (json.dumps([{**row, "label": "GRU"}]), "unknown variant 'GRU'")}
+             "stranger.json": (json.dumps([{**row, "label": "GRU"}]), "unknown variant 'GRU'"),
+             "nosteps.json": (json.dumps([{**row, "steps": None}]), "steps is None, not a positive integer"),
+             "text.json": (json.dumps([{**row, "val_loss": "0.4"}]), "val_loss is '0.4', not a positive finite"),
+             "zero.json": (json.dumps([{**row, "parameters": 0}]), "parameters is 0")}
     for name, (text, said) in cases.items():
         (tmp_path / name).write_text(text)
         monkeypatch.setattr(sys, "argv", [str(path), "--plot-only", str(tmp_path / name), "--plot", str(tmp_path / "p.png")])

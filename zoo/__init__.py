@@ -74,7 +74,8 @@ def build(name: str, out=None, **kwargs):
 
 def load(path_or_repo, *, revision: str | None = None, endpoint: str | None = None):
     """Load a checkpoint: a local folder, a Hub repo id `ORG/NAME`, or a bare registry entry name,
-    verified (zoo/storage/loading.py says how); `ckpt.trust` says against what."""
+    its file hashes checked (zoo/storage/loading.py says how); `ckpt.trust` says against what: the shipped
+    release index (a released entry: verified) or the checkpoint's own manifest."""
     from zoo.storage.loading import load as _load
 
     return _load(path_or_repo, revision=revision, endpoint=endpoint)

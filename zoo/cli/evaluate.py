@@ -88,7 +88,7 @@ def eval_dataset_hash(args, ckpt, registered) -> tuple[str, str]:
     expected = claim or (own.sha256 if own is not None else None)
     if expected is None:
         raise ValueError(f"--dataset {args.dataset}: neither the checkpoint nor the registry records the hash of "
-                         f"{task}/test, so the download cannot be verified; refusing to score it")
+                         f"{task}/test, so the download cannot be hash-checked; refusing to score it")
     return expected, f"the checkpoint's own claim (the registry has no {task}/test; not checked against the registry)"
 
 

@@ -169,9 +169,9 @@ def prepare_datasets(preparation, proc) -> list[str]:
 
 
 def cmd_pull(args) -> int:
-    """Download a checkpoint repo, verify it (zoo.storage.locate), and say where it is. --include keeps only the
+    """Download a checkpoint repo, check its hashes (zoo.storage.locate), and say where it is. --include keeps only the
     files matching its patterns; --local-dir writes them into that folder (downloaded through a temporary cache,
-    not the Hugging Face cache). The checkpoint is downloaded and verified whole either way: its files are checked
+    not the Hugging Face cache). The checkpoint is downloaded and checked whole either way: its files are checked
     against each other (config.json records their hashes) and a released entry's against the release index."""
     # deferred: imports torch
     from zoo.storage.checkpoint import read_checkpoint
@@ -264,7 +264,7 @@ def register(sub) -> None:
     s.add_argument("--root", help="local hub directory (default: ~/.cache/icl-zoo/publishing/hub or ICL_ZOO_LOCAL_HUB)")
     s.set_defaults(fn=cmd_publish_dataset)
 
-    s = add_command(sub, "pull", "download a model repo through huggingface_hub and verify it",
+    s = add_command(sub, "pull", "download a model repo through huggingface_hub and check its hashes",
                     "HF_ENDPOINT=http://127.0.0.1:8090 zoo pull icl-zoo/gated-rnn-zucchet-icl --include '*.onnx' "
                     "--local-dir graphs")
     s.add_argument("repo", help="Hub model repo ORG/NAME")
@@ -272,7 +272,7 @@ def register(sub) -> None:
     s.add_argument("--endpoint", help="Hub endpoint (default: HF_ENDPOINT or huggingface.co)")
     s.add_argument("--include", nargs="+", action="extend", metavar="PATTERN",
                    help="keep only the files matching these glob patterns, e.g. '*.onnx' config.json (repeatable); "
-                        "the checkpoint is still downloaded and verified whole")
+                        "the checkpoint is still downloaded and checked whole")
     s.add_argument("--local-dir", metavar="DIR",
                    help="write the files into DIR (created if absent; files of the same names replaced) instead of "
                         "leaving them in the Hugging Face cache")

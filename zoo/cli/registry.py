@@ -104,7 +104,7 @@ def register(sub) -> None:
     s.add_argument("name", help="registry entry name (`zoo list` shows them)")
     s.set_defaults(fn=cmd_show)
 
-    s = add_command(sub, "datasets", "build or verify the frozen splits of the registry",
+    s = add_command(sub, "datasets", "build or hash-check the frozen splits of the registry",
                     "zoo datasets verify", "zoo datasets build zucchet-icl")
     s.add_argument("action", choices=["build", "verify"],
                    help="build: regenerate each split from its seed; verify: load each (built on first use) and check its hash")

@@ -41,7 +41,8 @@ def phases(progress: bool):
 
 
 def _prepare(name: str | Entry, overrides: dict | None):
-    """The entry (with overrides), its task spec and task, and its frozen splits, hash-checked against the registry."""
+    """The entry (with overrides), its task spec and task, and its frozen splits, hash-checked against the
+    registry (an unregistered variant's: against their regeneration from their seeds)."""
     entry = get_entry(name) if isinstance(name, str) else name
     if overrides:
         entry = with_overrides(entry, overrides)

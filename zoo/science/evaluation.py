@@ -345,8 +345,9 @@ def input_scale_curve(model, task: LinearRegressionTask, scales: list[float], *,
 
 
 def rescore(ckpt, split=None) -> dict:
-    """Score a checkpoint on its frozen test split (hash-checked against the registry; or `split`) exactly as the build
-    scored it: the same reference GD, so `test_loss` re-scores to the card's number (it matches its card)."""
+    """Score a checkpoint on its frozen test split (hash-checked against the registry, or for an unregistered
+    variant against its regeneration from its seed; or `split`) exactly as the build scored it: the same
+    reference GD, so `test_loss` re-scores to the card's number (it matches its card)."""
     task = ckpt.task
     split = split if split is not None else load_split(ckpt.entry.task, "test", spec=get_task_spec(ckpt.entry.task))
     reference = gd_reference(ckpt.entry, task, ckpt.construction, recorded=ckpt.metrics)

@@ -210,7 +210,8 @@ class Expected(Strict):
     (a bound, with an optional margin), or `paired_gd` (the model's loss equals one GD step's:
     `value` is the paper's model loss and `gd_value` its GD loss; the zoo's paired difference
     against GD on the same test tasks, with its standard error, must be no larger than the
-    paper's gap plus two standard errors; a reference claim gives the closed form as both: no gap)."""
+    paper's gap plus two standard errors; a reference claim gives the closed form as both, and its margin, if
+    any, as `rel_tol`)."""
 
     value: float = Field(allow_inf_nan=False)  # the number (the paper's, or the reference's)
     source: Literal["paper", "reference"] | None = None  # required in the registry; None: a checkpoint of an older zoo
@@ -221,7 +222,7 @@ class Expected(Strict):
     rel_tol: float | None = Field(None, ge=0, allow_inf_nan=False)  # relative: |m − v| ≤ rel_tol·|v| (a bound: its margin)
     # An order-of-magnitude claim is checked on a log scale instead: |log10(m / v)| ≤ log10_tol.
     log10_tol: float | None = Field(None, gt=0, allow_inf_nan=False)
-    gd_value: float | None = Field(None, gt=0, allow_inf_nan=False)  # kind = "paired_gd": the paper's GD loss (reference: = value)
+    gd_value: float | None = Field(None, gt=0, allow_inf_nan=False)  # kind = "paired_gd": the paper's GD loss (a reference: = value)
     note: str = ""
 
     @model_validator(mode="after")
@@ -243,8 +244,14 @@ class Expected(Strict):
             raise ValueError("kind 'within' needs one tolerance: rel_tol or log10_tol")
         if self.kind != "within" and self.rel_tol is not None and self.log10_tol is not None:
             raise ValueError("a bound takes at most one margin: rel_tol or log10_tol")
-        if self.kind == "paired_gd" and (self.rel_tol is not None or self.log10_tol is not None):
-            raise ValueError("kind 'paired_gd' is checked against the paper's gap and the paired standard error: no tolerance")
+        if self.kind == "paired_gd" and self.log10_tol is not None:
+            raise ValueError("kind 'paired_gd' is checked on the paired gap, not on a log scale: no log10_tol")
+        if self.kind == "paired_gd" and self.source == "paper" and self.rel_tol is not None:
+            raise ValueError("a paper's 'paired_gd' is checked against the paper's gap and the paired standard error: "
+                             "no rel_tol")
+        if self.kind == "paired_gd" and self.source == "reference" and self.gd_value != self.value:
+            raise ValueError("a reference 'paired_gd' claims the model's loss is one GD step's: gd_value must equal value "
+                             "(the closed form); a margin is rel_tol")
         return self
 
 

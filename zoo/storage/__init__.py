@@ -2,7 +2,7 @@
 
     manifest     the on-disk contract (file names, hashes, config.json) and verification; no torch
     locate       where a checkpoint is (folder, repo id, bare entry name) and how far it is trusted; no torch
-    checkpoint   `Checkpoint`: build the model from verified bytes; `save_checkpoint` writes the whole folder
+    checkpoint   `Checkpoint`: build the model from hash-checked bytes; `save_checkpoint` writes the whole folder
     loading      `zoo.load`
     card         the model card, rendered from the checkpoint's own files
     atomic       staged writes and folder swaps

@@ -214,7 +214,9 @@ def expected_column(entry) -> dict:
     most (paper)"): every number a card compares with comes from the registry, none from the template."""
     out = {}
     for key, exp in entry.expected.items():
-        if exp.kind == "paired_gd":
+        if exp.kind == "paired_gd" and exp.source == "reference":
+            text = f"= one GD step, paired (closed form {exp.value:.3g})"
+        elif exp.kind == "paired_gd":
             text = f"{exp.value:.3g} (GD {exp.gd_value:.3g})"
         else:
             text = {"at_most": "≤ ", "at_least": "≥ "}.get(exp.kind, "") + f"{exp.value:.3g}"

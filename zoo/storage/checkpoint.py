@@ -14,7 +14,7 @@ checkpoint's own files, checks a released entry against the shipped release inde
 bytes that were hashed). `save_pretrained` writes the folder without ONNX graphs, which this floor cannot write (the
 exporter is above it): its short card and a warning name the graphs left out and `zoo export FOLDER`, which adds
 them. `push_to_hub` uploads such a folder to any Hub endpoint (create_repo + upload_folder), saying the same; the
-local hub is written by `zoo publish`. Loading verifies every recorded SHA-256 (zoo.storage.manifest, torch-free),
+local hub is written by `zoo publish`. Loading checks every recorded SHA-256 (zoo.storage.manifest, torch-free),
 rebuilds the model from the embedded entry and loads the weights with strict key and shape checks.
 
 `Checkpoint.save_files` writes the checkpoint's own files and nothing else: it renders no card and writes no

@@ -1,4 +1,5 @@
-"""`zoo.load`: a checkpoint from a folder, a Hub repo id or a bare registry entry name, verified. Below the
+"""`zoo.load`: a checkpoint from a folder, a Hub repo id or a bare registry entry name, hash-checked
+(`ckpt.trust`: against the shipped release index, or the checkpoint's own manifest). Below the
 package's face (zoo/__init__.py) so that the modules under it (the benchmark) load without importing it."""
 
 from __future__ import annotations

@@ -246,7 +246,7 @@ def verify_files(folder: Path, *, reader: FileReader | None = None, release: str
 
 
 def read_json(folder: Path, name: str):
-    """A listed (hence verified) JSON file of the checkpoint, or None when absent."""
+    """A listed (hence hash-checked) JSON file of the checkpoint, or None when absent."""
     folder = Path(folder)
     if not _present(folder, name):
         return None

@@ -281,7 +281,8 @@ class DatasetShapeMismatch(DatasetHashMismatch):
 def load_split_from_hub(repo_id: str, *, split: str = "test", revision: str | None = None,
                         expected_sha256: str | None = None, endpoint: str | None = None,
                         spec=None) -> FrozenSplit:
-    """A frozen split published as a Hub dataset repo, hash-checked against the registry.
+    """A frozen split published as a Hub dataset repo, hash-checked against `expected_sha256` (the caller's:
+    the registry's hash, or a checkpoint's claim; None: hashed, not checked).
 
     The repo's parquet and README are fetched by `snapshot_download` (from `endpoint`, else HF_ENDPOINT)
     into a temporary folder that is deleted on return, refused or not. The split's files are the ones
