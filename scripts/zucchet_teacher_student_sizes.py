@@ -105,6 +105,7 @@ def draw(rows: list[dict]):
                         marker="*" if full else "o", ms=10 if full else 5, ls="none" if full else "-",
                         label=f"{label}, {length}" + (f", seed {seed}" if seeds > 1 else ""))
         ax.set(xscale="log", yscale="log", xlabel="parameters", title=title)
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())  # the decade labels only: minor ones overlap
     axes[0].set_ylabel("½·MSE to the teacher's output\n(zero predictor 1.812)")
     axes[1].legend(fontsize=7)
     fig.suptitle(f"Zucchet et al. Fig. 5, teacher–student (d = 6): LRU variants against parameter count, "
