@@ -389,7 +389,7 @@ def test_hub_dataset_without_any_hash_is_refused(built, tmp_path, capsys):
         split["sha256"] = None
     _resign(dst, config)
     code = main(["eval", str(dst), "--dataset", "someone/split", "--endpoint", "http://127.0.0.1:9"])
-    assert code == 1 and "cannot be verified; refusing to score it" in capsys.readouterr().err
+    assert code == 1 and "cannot be hash-checked; refusing to score it" in capsys.readouterr().err
 
 
 def test_a_chunk_graph_is_used_only_when_its_checkpoint_lists_it(tmp_path):
