@@ -36,8 +36,9 @@ def label(entry: str) -> str:
 FIELDS = ("entry", "parameters", "test_loss", "val_loss", "test_gd", "val_gd")
 
 
-def read_rows(path: Path) -> list[dict]:
-    """The rows of one `released_on_both_splits.py --json` file, or a one-line exit naming what is wrong."""
+def read_rows(path: Path, fields: tuple[str, ...] = FIELDS) -> list[dict]:
+    """The rows of one `released_on_both_splits.py --json` file (or another script's rows, each with `fields`),
+    or a one-line exit naming what is wrong."""
     try:
         rows = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -45,7 +46,7 @@ def read_rows(path: Path) -> list[dict]:
     if not isinstance(rows, list) or not rows:
         raise SystemExit(f"{path}: expected a non-empty JSON list of rows")
     for i, r in enumerate(rows):
-        missing = [f for f in FIELDS if not isinstance(r, dict) or f not in r]
+        missing = [f for f in fields if not isinstance(r, dict) or f not in r]
         if missing:
             raise SystemExit(f"{path}: row {i} lacks {', '.join(missing)}")
     return rows

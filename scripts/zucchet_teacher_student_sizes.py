@@ -59,17 +59,12 @@ def row(name: str) -> dict:
 
 
 def read_rows(path: Path) -> list[dict]:
-    """The rows of one `--json` file of this script, or a one-line exit naming what is wrong."""
-    try:
-        rows = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SystemExit(f"{path}: not a readable JSON file of rows ({type(e).__name__})") from None
-    if not isinstance(rows, list) or not rows:
-        raise SystemExit(f"{path}: expected a non-empty JSON list of rows")
+    """The rows of one `--json` file of this script (read as the sizes plot reads its rows), or a one-line exit
+    naming what is wrong."""
+    from zucchet_sizes_plot import read_rows as read_row_list  # this script's sibling: scripts/ is on sys.path
+
+    rows = read_row_list(path, FIELDS)
     for i, r in enumerate(rows):
-        missing = [f for f in FIELDS if not isinstance(r, dict) or f not in r]
-        if missing:
-            raise SystemExit(f"{path}: row {i} lacks {', '.join(missing)}")
         if r["label"] not in VARIANTS.values():
             raise SystemExit(f"{path}: row {i} has an unknown variant {r['label']!r}")
         for f in ("parameters", "steps"):

@@ -185,6 +185,7 @@ def test_teacher_student_sizes_script_redraws_saved_rows_and_refuses_broken_ones
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "scripts" / "zucchet_teacher_student_sizes.py"
+    monkeypatch.syspath_prepend(str(path.parent))  # as `python scripts/…` runs it: its sibling scripts import
     spec = importlib.util.spec_from_file_location("zucchet_teacher_student_sizes", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
