@@ -15,6 +15,10 @@ from zoo.running.executor import Backend
 from zoo.running.sweep import load_spec, run_sweep
 from zoo.storage.locate import INDEX_JSON
 
+# Ray is the optional backend: starting its cluster and workers costs ~10 s before any check, so this module runs
+# in the second line of .ci/run (marker `deep`), beside the torch.compile tier, not in the everyday tier.
+pytestmark = pytest.mark.deep
+
 # constructed (deterministic, no training) and attention (one graph each, model.onnx: ~1.5 s of export, not three)
 ENTRIES = ["lsa-gd-2step-d10-c10", "lsa-gd-3step-d10-c10"]
 TIMINGS = ("build_seconds", "steps_per_second")  # how long it took, which differs run to run

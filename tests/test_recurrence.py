@@ -5,8 +5,9 @@ them that the registry does not pin: deeper, looped, dense, windowed), in float6
     forward_chunk(tokens, state)     = step iterated from `state` (any state reached mid-stream)
     forward_chunk over two pieces    = forward_chunk over the whole, states carried
     the exported fp32 step graph     = step iterated, streamed through ONNX Runtime (two prompts token by
-                                       token, and a 1,000-token stream: one export per family, layout and
-                                       kind of weights by default, per case with -m slow; `_onnx_cases`)
+                                       token, and a 1,000-token stream: one export per family and kind of
+                                       weights by default, per token layout too with -m deep, per case with
+                                       -m slow; `_onnx_cases`)
 
 and the state interface a model declares once (`state_shapes`) is what `init_state`, `step`,
 `check_state` and the graph's state inputs use. Longer streams and the chunk graph are in
@@ -67,18 +68,27 @@ def _graph_group(name: str, entry) -> tuple:
 
 
 def _onnx_cases() -> list:
-    """The step-graph export and ONNX stream for one case per `_graph_group` by default (the one with the most
-    layers, then the most arch fields set: the most code exercised), every case with -m slow. An export takes
-    1–3 s; every released entry's shipped step graph also streams against torch in test_release.py."""
+    """The step-graph export and ONNX stream, one case per `_graph_group` (the one with the most layers, then the
+    most arch fields set: the most code exercised), every case with -m slow. The everyday tier runs one of them
+    per arch type and weight kind (trained or constructed); the other groups' cases are marked `deep` (the second
+    line of .ci/run). An export takes 1–3 s; every released entry's shipped step graph also streams against torch
+    in test_release.py."""
     picked = {}
     for name, entry in RECURRENT:
         arch = entry.arch.model_dump()
         rank = (arch.get("n_layers") or 1, sum(v not in (None, False, 0) for v in arch.values()))
         group = _graph_group(name, entry)
         if group not in picked or rank > picked[group][0]:
-            picked[group] = (rank, name)
-    chosen = {name for _, name in picked.values()}
-    return [pytest.param(entry, id=name, marks=() if name in chosen else pytest.mark.slow) for name, entry in RECURRENT]
+            picked[group] = (rank, name, entry)
+    everyday = {}
+    for rank, name, entry in picked.values():
+        kind = (entry.arch.type, entry.source.kind)
+        if kind not in everyday or (rank, name) > everyday[kind]:
+            everyday[kind] = (rank, name)
+    daily = {name for _, name in everyday.values()}
+    deep = {name for _, name, _ in picked.values()} - daily
+    marks = {name: () for name in daily} | {name: pytest.mark.deep for name in deep}
+    return [pytest.param(entry, id=name, marks=marks.get(name, pytest.mark.slow)) for name, entry in RECURRENT]
 
 
 def model_for(entry):
