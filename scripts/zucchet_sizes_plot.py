@@ -27,10 +27,15 @@ NAMES = {  # entry name in a row (a bare name or a run folder) → the paper's l
 
 
 def label(entry: str) -> str:
-    base = Path(entry).name.split("--")[0]  # a run folder is "<entry>--seed0--width=16"
+    base, *parts = Path(entry).name.split("--")  # a run folder is "<entry>--seed0--width=16[--n_layers=2]"
     if base not in NAMES:
         raise SystemExit(f"{entry}: not one of the size-swept entries ({', '.join(NAMES)})")
-    return NAMES[base]
+    layers = [p.removeprefix("n_layers=") for p in parts if p.startswith("n_layers=")]
+    if not layers or base == "lru-out-2l-zucchet-icl" and layers == ["2"]:
+        return NAMES[base]
+    if base not in ("lru-in-out-zucchet-icl", "lru-in-skip-zucchet-icl", "lru-out-zucchet-icl") or layers[0] not in ("1", "2"):
+        raise SystemExit(f"{entry}: n_layers={layers[0]} is not a Figure 5 variant of {base}")
+    return NAMES[base] + (", 2 layers" if layers[0] == "2" else "")
 
 
 FIELDS = ("entry", "parameters", "test_loss", "val_loss", "test_gd", "val_gd")

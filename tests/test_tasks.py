@@ -173,6 +173,14 @@ def test_sizes_plot_script_refuses_rows_it_cannot_plot(tmp_path, monkeypatch):
         message = refused.value.code
         assert isinstance(message, str) and said in message and "\n" not in message, message
     assert not (tmp_path / "p.png").exists()
+    # a run folder's depth override is part of its label: two In+Out layers are not In+Out's line
+    assert script.label("runs/x/lru-in-out-zucchet-icl--seed0--width=16--n_layers=2") == "LRU In+Out, 2 layers"
+    assert script.label("runs/x/lru-in-out-zucchet-icl--seed1--width=32") == "LRU In+Out"
+    assert script.label("runs/x/lru-out-2l-zucchet-icl--seed2--width=16") == "LRU Out, 2 layers"
+    for odd in ("lru-out-2l-zucchet-icl--seed0--n_layers=1", "gru-zucchet-icl--seed0--n_layers=2",
+                "lru-in-out-zucchet-icl--seed0--n_layers=3"):
+        with pytest.raises(SystemExit, match="is not a Figure 5 variant"):
+            script.label(odd)
 
 
 def test_teacher_student_sizes_script_redraws_saved_rows_and_refuses_broken_ones(tmp_path, monkeypatch):
