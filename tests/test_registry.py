@@ -439,6 +439,18 @@ def test_an_override_that_ends_a_departure_drops_it_from_the_run():
     assert "lifted_by" not in str(with_overrides(lsa, {"source.lr": 1e-3}).model_dump())
 
 
+def test_an_overridden_run_says_its_description_is_the_registered_entrys():
+    """A registered description can state what an override changes ("width = hidden = 60, 22,626 parameters"):
+    the run's entry keeps the text and says, after it, which fields this run overrides."""
+    from zoo.science.registry import get_entry, with_overrides
+
+    student = get_entry("lru-out-student-d6")
+    run = with_overrides(student, {"arch.width": 16, "arch.n_layers": 2})
+    assert run.description == (f"{student.description} (As registered; this run overrides arch.width = 16, "
+                               "arch.n_layers = 2.)")
+    assert run.model_dump(mode="json")["description"] == run.description  # what config.json and the card carry
+
+
 @pytest.mark.parametrize("name,field,rows", [("lsa-2l-gdssm-nd", "positions", 5), ("softmax-tf-1l-d10-c10", "max_len", 5)])
 def test_a_position_table_shorter_than_the_prompt_is_refused_when_validated(name, field, rows):
     """An override that gives a model fewer position rows than its task's prompt has tokens is refused by the

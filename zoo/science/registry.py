@@ -622,7 +622,11 @@ def with_overrides(entry: Entry, overrides: dict[str, object]) -> Entry:
     except ValidationError as e:
         raise RegistryError(_format_errors(Path(entry.file), "entry", entry.name, e)) from None
     kept = [d for d in entry.deviation if not set(d.lifted_by) & set(overrides)]  # model_dump left out lifted_by
-    new = new.model_copy(update={"deviation": kept})
+    # The registered description may state what the overrides change (a width, a parameter count): say so on the
+    # run's config and card rather than let it describe another model.
+    changed = ", ".join(f"{k} = {v}" for k, v in overrides.items())
+    description = f"{entry.description} (As registered; this run overrides {changed}.)".lstrip()
+    new = new.model_copy(update={"deviation": kept, "description": description})
     check = construction_problem if new.source.kind == "constructed" else recipe_problem
     problem = check(new.arch, default_registry().task(new.task), new.source)
     if problem:
