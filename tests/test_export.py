@@ -1,5 +1,6 @@
 """ONNX export and streaming: parity with PyTorch for every entry, constant memory, clear errors.
-(Each recurrent code path's step graph over a 1,000-token stream: test_recurrence.py, which exports it once.)"""
+(Each recurrent code path's step graph over a 1,000-token stream: test_recurrence.py, which exports it once; one per
+family, weight kind and variant in the everyday tier, the rest with -m deep and -m slow.)"""
 
 import gc
 import json
@@ -79,8 +80,9 @@ SEQUENCE_GRAPHS = _sequence_graphs()
 def _everyday_sequence_graphs() -> set[str]:
     """The everyday tier's share of SEQUENCE_GRAPHS: the first signature per arch type and weight kind (trained or
     constructed; the one whose step graph the module exports anyway where there is one). The other signatures
-    (token layouts, positions, depth and looping of the same family's code) are marked `deep`: the second line
-    of .ci/run."""
+    (`_graph_signature`: the same family's LRU variants, attention modes, looping and depth) are marked `deep`:
+    the second line of .ci/run. A recurrent model's sequence graph is its step graph scanned, and each of those
+    step graphs' code paths streams in the everyday tier (test_recurrence.py)."""
     exported_anyway = {e.name for e in CHUNK_ENTRIES} | set(STREAMED)
     first = {}
     for e in sorted(SEQUENCE_GRAPHS, key=lambda e: e.name not in exported_anyway):  # stable: else module order
@@ -257,8 +259,9 @@ def test_recurrent_sequence_graph_is_exact_past_any_scan_bound_in_batch_blocks(e
 # by default (still ≫ the chunk), 10,000 with -m slow.
 QUADRATIC_REFERENCE = {"lsa", "griffin", "mamba", "retention"}
 # A family whose chunk graph is another family's code, in the second tier (marker `deep`): S5's block is the LRU's
-# DiagonalComplexBlock (the same complex parallel scan and forward_chunk) with its own λ and drive, and its chunk
-# graph's export (ten doublings of that scan) is one of the two longest here.
+# DiagonalComplexBlock (the same complex parallel scan and forward_chunk) with its own λ and drive (ZOH; its step
+# graph, drive included, streams in the everyday tier), and its chunk graph's export (ten doublings of that scan)
+# is one of the two longest here. test_the_families_in_the_second_tier_share_an_everyday_familys_chunk_code holds it.
 SAME_CHUNK_CODE = {"s5": "lru"}
 CHUNK_CASES = [
     pytest.param(e, 10_000 if e.arch.type not in QUADRATIC_REFERENCE else 4_000, id=e.arch.type,
@@ -267,6 +270,16 @@ CHUNK_CASES = [
     pytest.param(e, 10_000, id=f"{e.arch.type}-10k", marks=pytest.mark.slow)
     for e in _one_per_family([e for e in RECURRENT if e.arch.type in QUADRATIC_REFERENCE])
 ]
+
+
+def test_the_families_in_the_second_tier_share_an_everyday_familys_chunk_code():
+    """SAME_CHUNK_CODE's reason, checked: the family left to `deep` runs its everyday partner's forward_chunk (the
+    code its chunk graph traces), and that partner's 10,000-token case is in the everyday tier."""
+    from zoo.science.models.lru import DiagonalComplexBlock, LRUBlock, S5Block
+
+    assert S5Block.forward_chunk is LRUBlock.forward_chunk is DiagonalComplexBlock.forward_chunk
+    everyday = {c.id for c in CHUNK_CASES if not c.marks}
+    assert set(SAME_CHUNK_CODE.values()) <= everyday and not set(SAME_CHUNK_CODE) & everyday
 
 
 @pytest.mark.parametrize("entry, length", CHUNK_CASES)

@@ -15,8 +15,9 @@ from zoo.running.executor import Backend
 from zoo.running.sweep import load_spec, run_sweep
 from zoo.storage.locate import INDEX_JSON
 
-# Ray is the optional backend: starting its cluster and workers costs ~10 s before any check, so this module runs
-# in the second line of .ci/run (marker `deep`), beside the torch.compile tier, not in the everyday tier.
+# Ray is the optional backend, tested only here, in the second line of .ci/run (marker `deep`, beside the
+# torch.compile tests), not in the everyday tier: its cluster start is 5-6.5 s of this module's setup, and a
+# release and a sweep on it ~45 s of test time in all.
 pytestmark = pytest.mark.deep
 
 # constructed (deterministic, no training) and attention (one graph each, model.onnx: ~1.5 s of export, not three)

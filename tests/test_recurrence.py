@@ -6,8 +6,8 @@ them that the registry does not pin: deeper, looped, dense, windowed), in float6
     forward_chunk over two pieces    = forward_chunk over the whole, states carried
     the exported fp32 step graph     = step iterated, streamed through ONNX Runtime (two prompts token by
                                        token, and a 1,000-token stream: one export per family and kind of
-                                       weights by default, per token layout too with -m deep, per case with
-                                       -m slow; `_onnx_cases`)
+                                       weights and per variant by default, per token layout and arch
+                                       setting with -m deep, the other cases with -m slow; `_onnx_cases`)
 
 and the state interface a model declares once (`state_shapes`) is what `init_state`, `step`,
 `check_state` and the graph's state inputs use. Longer streams and the chunk graph are in
@@ -58,6 +58,7 @@ def _recurrent_cases():
 
 
 RECURRENT = _recurrent_cases()
+RECURRENT_BY_NAME = dict(RECURRENT)
 
 
 def _graph_group(name: str, entry) -> tuple:
@@ -69,10 +70,12 @@ def _graph_group(name: str, entry) -> tuple:
 
 def _onnx_cases() -> list:
     """The step-graph export and ONNX stream, one case per `_graph_group` (the one with the most layers, then the
-    most arch fields set: the most code exercised), every case with -m slow. The everyday tier runs one of them
-    per arch type and weight kind (trained or constructed); the other groups' cases are marked `deep` (the second
-    line of .ci/run). An export takes 1–3 s; every released entry's shipped step graph also streams against torch
-    in test_release.py."""
+    most arch fields set: the most code exercised). The everyday tier runs one of them per arch type and weight
+    kind (trained or constructed) and every VARIANTS group (code paths no entry pins: looped, dense, windowed,
+    embedded, …); the other groups' cases (a family's other token layouts and arch settings) are marked `deep`
+    (the second line of .ci/run), the remaining cases `slow`: the three commands together run every case. An
+    export takes 1–3 s; every released entry's shipped step graph also streams against torch in test_release.py
+    (the graphs shipped, not this exporter's)."""
     picked = {}
     for name, entry in RECURRENT:
         arch = entry.arch.model_dump()
@@ -80,12 +83,14 @@ def _onnx_cases() -> list:
         group = _graph_group(name, entry)
         if group not in picked or rank > picked[group][0]:
             picked[group] = (rank, name, entry)
+    variants = {name for _, name, _ in picked.values() if "--" in name}  # every variant group: no entry pins it
+    covered = {(RECURRENT_BY_NAME[name].arch.type, RECURRENT_BY_NAME[name].source.kind) for name in variants}
     everyday = {}
     for rank, name, entry in picked.values():
         kind = (entry.arch.type, entry.source.kind)
-        if kind not in everyday or (rank, name) > everyday[kind]:
+        if name not in variants and kind not in covered and (kind not in everyday or (rank, name) > everyday[kind]):
             everyday[kind] = (rank, name)
-    daily = {name for _, name in everyday.values()}
+    daily = {name for _, name in everyday.values()} | variants
     deep = {name for _, name, _ in picked.values()} - daily
     marks = {name: () for name in daily} | {name: pytest.mark.deep for name in deep}
     return [pytest.param(entry, id=name, marks=marks.get(name, pytest.mark.slow)) for name, entry in RECURRENT]
