@@ -74,14 +74,19 @@ def main() -> None:
             losses = [[r[key] for r in points if r["parameters"] == n] for n in sizes]  # the seeds at each size
             means = [statistics.fmean(v) for v in losses]
             stds = [statistics.stdev(v) if len(v) > 1 else 0.0 for v in losses]
+            # on a log axis a bar below zero vanishes: the lower bar stops at the lowest seed, and every seed is a dot
+            lower = [min(s, m - min(v)) for s, m, v in zip(stds, means, losses)]
             seeds = "/".join(str(len(v)) for v in losses)
-            ax.errorbar(sizes, means, yerr=stds, marker="o", color=f"C{i}", capsize=3, label=f"{name} (seeds {seeds})")
+            ax.errorbar(sizes, means, yerr=[lower, stds], marker="o", color=f"C{i}", capsize=3,
+                        label=f"{name} (seeds {seeds})")
+            ax.scatter([n for n, v in zip(sizes, losses) for _ in v], [x for v in losses for x in v], s=9,
+                       color=f"C{i}", alpha=0.45, zorder=3)
         gd = rows[0][gd_key]  # one task, one split: the same GD reference in every row
         ax.axhline(gd, color="k", ls="--", lw=1, label="one GD step")
         ax.annotate(f"one GD step, {gd:.4f}", (0.02, gd), xycoords=("axes fraction", "data"), xytext=(0, 3),
                     textcoords="offset points", fontsize=7)
         ax.set(xscale="log", yscale="log", xlabel="parameters", title=title)
-    axes[0].set_ylabel("loss (½·MSE) at 300k steps,\nmean ± std over seeds")
+    axes[0].set_ylabel("loss (½·MSE) at 300k steps, mean ± std\nover seeds (dots: each seed)")
     axes[1].legend(fontsize=7)
     fig.suptitle("Zucchet et al. Figs. 4.B / 5: ICL loss against parameter count", fontsize=10)
     print(f"wrote {save(fig, args.plot)}")
