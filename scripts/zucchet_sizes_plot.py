@@ -33,7 +33,8 @@ def label(entry: str) -> str:
     layers = [p.removeprefix("n_layers=") for p in parts if p.startswith("n_layers=")]
     if not layers or base == "lru-out-2l-zucchet-icl" and layers == ["2"]:
         return NAMES[base]
-    if base not in ("lru-in-out-zucchet-icl", "lru-in-skip-zucchet-icl", "lru-out-zucchet-icl") or layers[0] not in ("1", "2"):
+    one_layer_lrus = ("lru-in-out-zucchet-icl", "lru-in-skip-zucchet-icl", "lru-out-zucchet-icl")
+    if base not in one_layer_lrus or layers[0] not in ("1", "2"):
         raise SystemExit(f"{entry}: n_layers={layers[0]} is not a Figure 5 variant of {base}")
     return NAMES[base] + (", 2 layers" if layers[0] == "2" else "")
 

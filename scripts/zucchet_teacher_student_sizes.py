@@ -23,8 +23,10 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-VARIANTS = {("out", 1): "LRU Out", ("in_out", 1): "LRU In+Out", ("in_skip", 1): "LRU In+Skip",
-            ("out", 2): "LRU Out, 2 layers", ("in_out", 2): "LRU In+Out, 2 layers"}  # (arch.variant, arch.n_layers) → the paper's label
+VARIANTS = {  # (arch.variant, arch.n_layers) → the paper's label
+    ("out", 1): "LRU Out", ("in_out", 1): "LRU In+Out", ("in_skip", 1): "LRU In+Skip",
+    ("out", 2): "LRU Out, 2 layers", ("in_out", 2): "LRU In+Out, 2 layers",
+}
 FIELDS = ("entry", "label", "parameters", "steps", "train_loss", "val_loss", "test_loss")
 
 

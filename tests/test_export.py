@@ -57,18 +57,18 @@ def _one_per_family(entries):
 # are exported for those tests anyway.
 CHUNK_ENTRIES = _one_per_family([e for e in RECURRENT if not linearised(e)])
 STREAMED = ["gated-rnn-gd-zucchet-icl", "lsa-gd-zucchet-icl"]
+EXPORTED_ANYWAY = [e.name for e in CHUNK_ENTRIES] + STREAMED  # the entries whose step graph the module exports
 
 
 def _sequence_graphs() -> list:
     """One entry per graph signature. A recurrent model's sequence graph is its step graph scanned, so where an
     entry whose step graph the module exports anyway (CHUNK_ENTRIES, STREAMED) has the signature, it is that one:
     one step export (1–3 s) fewer per such signature. Otherwise the last entry of the signature."""
-    exported_anyway = [e.name for e in CHUNK_ENTRIES] + STREAMED
     picked = {}
     for e in ENTRIES:
         if linearised(e):
             continue
-        rank = exported_anyway.index(e.name) if e.name in exported_anyway else len(exported_anyway)
+        rank = EXPORTED_ANYWAY.index(e.name) if e.name in EXPORTED_ANYWAY else len(EXPORTED_ANYWAY)
         if _graph_signature(e) not in picked or rank <= picked[_graph_signature(e)][0]:
             picked[_graph_signature(e)] = (rank, e)
     return [e for _, e in picked.values()]
@@ -83,9 +83,8 @@ def _everyday_sequence_graphs() -> set[str]:
     (`_graph_signature`: the same family's LRU variants, attention modes, looping and depth) are marked `deep`:
     the second line of .ci/run. A recurrent model's sequence graph is its step graph scanned, and each of those
     step graphs' code paths streams in the everyday tier (test_recurrence.py)."""
-    exported_anyway = {e.name for e in CHUNK_ENTRIES} | set(STREAMED)
     first = {}
-    for e in sorted(SEQUENCE_GRAPHS, key=lambda e: e.name not in exported_anyway):  # stable: else module order
+    for e in sorted(SEQUENCE_GRAPHS, key=lambda e: e.name not in EXPORTED_ANYWAY):  # stable: else module order
         first.setdefault((e.arch.type, e.source.kind), e.name)
     return set(first.values())
 

@@ -58,7 +58,6 @@ def _recurrent_cases():
 
 
 RECURRENT = _recurrent_cases()
-RECURRENT_BY_NAME = dict(RECURRENT)
 
 
 def _graph_group(name: str, entry) -> tuple:
@@ -84,7 +83,7 @@ def _onnx_cases() -> list:
         if group not in picked or rank > picked[group][0]:
             picked[group] = (rank, name, entry)
     variants = {name for _, name, _ in picked.values() if "--" in name}  # every variant group: no entry pins it
-    covered = {(RECURRENT_BY_NAME[name].arch.type, RECURRENT_BY_NAME[name].source.kind) for name in variants}
+    covered = {(e.arch.type, e.source.kind) for _, name, e in picked.values() if name in variants}
     everyday = {}
     for rank, name, entry in picked.values():
         kind = (entry.arch.type, entry.source.kind)
