@@ -1,23 +1,25 @@
 #!/usr/bin/env bash
 # One device call (a 15-minute lease, one GPU) that runs, side by side, what the 2-core CPU cannot. Its first run
-# (at ed3b43a, one H100) released the blogpost-sized softmax transformers softmax-tf-{1..5}l-d5-c10 and seeds 0-2
-# of 1-4 of them (reports/blogpost-2024/figure-7.md). What it runs now, the rest of that list:
+# (at ed3b43a, one H100) released the blogpost-sized softmax transformers softmax-tf-{1..5}l-d5-c10 (their
+# provenance names a dirty tree: the copy's stale .git) and seeds 0-2 of 1-4 of them
+# (reports/blogpost-2024/figure-7.md). What it runs now:
+#   - ENTRIES (default: the five softmax-tf-{1..5}l-d5-c10), rebuilt at their whole recipe from COMMIT with
+#     `zoo release build --force`, one process each;
 #   - seeds 1-2 of the 5-layer blogpost-sized softmax transformer (sweeps/figure-7-blogpost-size.toml);
-#   - Zucchet Fig. 5's LRU size grid, 3 seeds, 30k of the 300k recipe steps (sweeps/figure-5.toml);
-#   - optionally an entry to (re)build, released with --time-budget (the whole recipe if the GPU runs it in
-#     time; else as many steps as fit, said as such): ENTRY. None is short of its recipe today (gru-student-d6 and
-#     lru-in-out-student-d6 have since run their whole recipes on the CPU), so there is no default.
+#   - Figure 7's context axis at the blogpost's sizes (sweeps/figure-7-depth-context.toml): 1-5 layers at C = 2
+#     (seeds 0-2) and C = 50 (seed 0), one process per depth and C.
 # Usage, from the repo root on the device machine:
-#   bash scripts/gpu_recipe_runs.sh SECONDS COMMIT [ENTRY]
+#   bash scripts/gpu_recipe_runs.sh SECONDS COMMIT [ENTRIES...]
 # SECONDS bounds the whole call; COMMIT is the commit the tree was copied from (it goes into every
-# checkpoint's provenance; commit first, so the tree is that commit). Carry .whl and .zoo-cache (frozen splits, verified by hash on load). .whl holds
+# checkpoint's provenance; commit first, so the tree is that commit). Carry .whl, and .zoo-cache (frozen splits,
+# verified by hash on load) where the 64 MiB tree allows; else the splits are built there. .whl holds
 # the cp312 wheels the image lacks, from the repo root here: python3 -m pip download --no-deps --only-binary=:all:
 #   --python-version 3.12 --implementation cp --platform manylinux_2_17_x86_64 -d .whl pydantic==2.13.4
 #   pydantic_core==2.46.4 annotated-types==0.7.0 typing-inspection==0.4.2 typing_extensions==4.15.0 datasets==5.2.0
 #   dill==0.4.1 multiprocess==0.70.19 fsspec==2026.9.0   (datasets' other needs, pandas, xxhash, pyyaml, tqdm,
 #   filelock and huggingface-hub, are in the image's package list: /work/.library/device/KINDS.md)
-# Everything comes back under $OUT: the release build (release.tar.gz, when ENTRY is given), the sweeps' finished checkpoints
-# (runs.tar.gz), each process's log, the device's name.
+# Everything comes back under $OUT (at most 8 files): the release build (release.tar.gz), the sweeps' checkpoints
+# (runs.tar.gz), every process's log (logs.tar.gz), the device's name.
 # Two lessons of its first run (at ed3b43a, on an H100) are built in. The image has no `datasets`, which writes a
 # frozen split the first time it is built: every split the call needs is built before anything starts, and the
 # call stops there if one cannot be (carry .zoo-cache with them, or datasets and its needs as wheels); that run lost
@@ -28,10 +30,11 @@
 # Each call starts a bare machine: unfinished runs come back with their resumable state in runs.tar.gz (carry it
 # back under /tmp/gpu-runs by hand to resume them in a later call).
 set -u
-budget=${1:?seconds}; export ICL_ZOO_COMMIT=${2:?commit}; entry=${3:-}; out=${OUT:?}
+budget=${1:?seconds}; export ICL_ZOO_COMMIT=${2:?commit}; shift 2; out=${OUT:?}
+entries=${*:-softmax-tf-1l-d5-c10 softmax-tf-2l-d5-c10 softmax-tf-3l-d5-c10 softmax-tf-4l-d5-c10 softmax-tf-5l-d5-c10}
 RUNS=/tmp/gpu-runs
 export ICL_ZOO_CACHE=/tmp/zoo-cache MPLBACKEND=Agg PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1
-export GIT_DIR=/nonexistent  # provenance from ICL_ZOO_COMMIT, not from the copy's stale .git
+export GIT_DIR=/nonexistent OMP_NUM_THREADS=1  # provenance from ICL_ZOO_COMMIT, not from the copy's stale .git
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 if [ -d .zoo-cache ]; then mkdir -p $ICL_ZOO_CACHE && cp -r .zoo-cache/. $ICL_ZOO_CACHE/; fi
 mkdir -p $RUNS
@@ -39,25 +42,30 @@ mkdir -p $RUNS
   python3 -c 'import torch, onnxruntime as o, pyarrow, pydantic; print("torch", torch.__version__, "onnxruntime", o.__version__, "pyarrow", pyarrow.__version__, "pydantic", pydantic.__version__)'
   nproc; } 2>&1 | tee $out/device.txt
 
-# every frozen split of the runs below, built (or read from the carried cache) and hash-checked before anything trains
-python3 -m zoo.cli datasets verify linreg-d5-c10 teacher-student-d6 zucchet-icl > $out/datasets.log 2>&1 \
+# every named frozen split built (or read from the carried cache) and hash-checked before anything trains; the
+# C variants' splits are built by their runs (datasets importable)
+python3 -m zoo.cli datasets verify linreg-d5-c10 > $out/datasets.log 2>&1 \
   && python3 -c 'import datasets' 2>> $out/datasets.log \
   || { echo "frozen splits not ready (see datasets.log): stopping before any run"; tail -n 5 $out/datasets.log; exit 2; }
 start() { name=$1; shift; setsid nohup python3 -m zoo.cli "$@" > $RUNS/$name.log 2>&1 < /dev/null & }
-left=$((budget - SECONDS - 90))  # the release build stops itself inside the call, with 90 s for its eval and export
-[ -n "$entry" ] && start release release build --only $entry --root $RUNS/release-$entry --device cuda --force --time-budget $left
-start figure-7 sweep sweeps/figure-7-blogpost-size.toml --only softmax-tf-5l-d5-c10 --seeds 1 2 \
+n=$(echo $entries | wc -w)
+start release release build --only $entries --root $RUNS/release --device cuda --force --workers $n
+start figure-7-5l sweep sweeps/figure-7-blogpost-size.toml --only softmax-tf-5l-d5-c10 --seeds 1 2 \
   --out $RUNS/figure-7-blogpost-size-5l --quiet
-start figure-5 sweep sweeps/figure-5.toml --ensemble --steps 30000 --seeds 0 1 2 --out $RUNS/figure-5-30k --quiet
+start figure-7-c2 sweep sweeps/figure-7-depth-context.toml --set task.n_context=2 --workers 5 \
+  --out $RUNS/figure-7-depth-context-c2 --quiet
+start figure-7-c50 sweep sweeps/figure-7-depth-context.toml --set task.n_context=50 --seeds 0 --workers 5 \
+  --out $RUNS/figure-7-depth-context-c50 --quiet
 
 while [ $SECONDS -lt $((budget - 25)) ] && pgrep -f zoo.cli > /dev/null; do sleep 5; done
 echo "stopped waiting at ${SECONDS}s"; pkill -f zoo.cli; sleep 2
 nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
-for f in $RUNS/*/.ensembles/*/train_state.json $RUNS/release-*/.work/*/train_state.json; do
-  [ -e "$f" ] && python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print(sys.argv[1], 'step', m['step'])" "$f"
+for f in $(find $RUNS -name train_state.json); do
+  python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print(sys.argv[1], 'step', m['step'])" "$f"
 done
-for f in $RUNS/*.log; do echo "== $f"; tail -c 600 $f | tr "\r" "\n" | tail -n 4; cp $f $out/; done
-# the release folders whole (ONNX included, and an unfinished build's resumable state); the sweeps without ONNX
-[ -n "$entry" ] && (cd $RUNS && tar czf $out/release.tar.gz $(ls -d release-* 2>/dev/null))
-(cd $RUNS && tar czf $out/runs.tar.gz --exclude='*.log' --exclude='*.onnx' --exclude='release-*' .)
+for f in $RUNS/*.log; do echo "== $f"; tail -c 600 $f | tr "\r" "\n" | tail -n 4; done
+(cd $RUNS && tar czf $out/logs.tar.gz *.log)
+# the release folder whole (ONNX included, and an unfinished build's resumable state); the sweeps without ONNX
+(cd $RUNS && tar czf $out/release.tar.gz release)
+(cd $RUNS && tar czf $out/runs.tar.gz --exclude='*.log' --exclude='*.onnx' --exclude='release' .)
 ls -la $out; echo "done at ${SECONDS}s"
