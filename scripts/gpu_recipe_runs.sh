@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# One device call (a 15-minute lease, one GPU) that runs, side by side, what the 2-core CPU cannot. Its first run
-# (at ed3b43a, one H100) released the blogpost-sized softmax transformers softmax-tf-{1..5}l-d5-c10 (their
-# provenance names a dirty tree: the copy's stale .git) and seeds 0-2 of 1-4 of them
-# (reports/blogpost-2024/figure-7.md). What it runs now:
-#   - ENTRIES (default: the five softmax-tf-{1..5}l-d5-c10), rebuilt at their whole recipe from COMMIT with
-#     `zoo release build --force`, one process each;
+# One device call (a 15-minute lease, one GPU) that runs, side by side, what the 2-core CPU cannot. Its runs so far:
+# at ed3b43a (one H100) the blogpost-sized softmax transformers softmax-tf-{1..5}l-d5-c10 and seeds 0-2 of 1-4 of
+# them; at 3b4762a (one H200) those five entries rebuilt from a commit (bit-identical weights, clean provenance)
+# and Figure 7's context axis at C = 2 (1-4 layers) and C = 50 (1-2 layers) (reports/blogpost-2024/figure-7.md,
+# runs 5 and 6). What it runs now, the rest of that list, five processes:
+#   - ENTRIES, if given, rebuilt at their whole recipe from COMMIT with `zoo release build --force`, one process
+#     each (none is short of its recipe or built from a dirty tree today: no default);
 #   - seeds 1-2 of the 5-layer blogpost-sized softmax transformer (sweeps/figure-7-blogpost-size.toml);
-#   - Figure 7's context axis at the blogpost's sizes (sweeps/figure-7-depth-context.toml): 1-5 layers at C = 2
-#     (seeds 0-2) and C = 50 (seed 0), one process per depth and C.
+#   - Figure 7's context axis (sweeps/figure-7-depth-context.toml): 5 layers at C = 2 (seeds 0-2), 3-5 layers at
+#     C = 50 (seed 0).
+# Sixteen training processes on one GPU (the 3b4762a call) slowed each: the 1-layer release build took 211 s there
+# against 47 s beside fewer processes on the H100, and four of the ten sweep groups did not finish.
 # Usage, from the repo root on the device machine:
 #   bash scripts/gpu_recipe_runs.sh SECONDS COMMIT [ENTRIES...]
 # SECONDS bounds the whole call; COMMIT is the commit the tree was copied from (it goes into every
@@ -31,7 +34,7 @@
 # back under /tmp/gpu-runs by hand to resume them in a later call).
 set -u
 budget=${1:?seconds}; export ICL_ZOO_COMMIT=${2:?commit}; shift 2; out=${OUT:?}
-entries=${*:-softmax-tf-1l-d5-c10 softmax-tf-2l-d5-c10 softmax-tf-3l-d5-c10 softmax-tf-4l-d5-c10 softmax-tf-5l-d5-c10}
+entries=${*:-}
 RUNS=/tmp/gpu-runs
 export ICL_ZOO_CACHE=/tmp/zoo-cache MPLBACKEND=Agg PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1
 export GIT_DIR=/nonexistent OMP_NUM_THREADS=1  # provenance from ICL_ZOO_COMMIT, not from the copy's stale .git
@@ -48,17 +51,18 @@ python3 -m zoo.cli datasets verify linreg-d5-c10 > $out/datasets.log 2>&1 \
   && python3 -c 'import datasets' 2>> $out/datasets.log \
   || { echo "frozen splits not ready (see datasets.log): stopping before any run"; tail -n 5 $out/datasets.log; exit 2; }
 start() { name=$1; shift; setsid nohup python3 -m zoo.cli "$@" > $RUNS/$name.log 2>&1 < /dev/null & }
-n=$(echo $entries | wc -w)
-start release release build --only $entries --root $RUNS/release --device cuda --force --workers $n
+[ -n "$entries" ] && start release release build --only $entries --root $RUNS/release --device cuda --force \
+  --workers $(echo $entries | wc -w)
 start figure-7-5l sweep sweeps/figure-7-blogpost-size.toml --only softmax-tf-5l-d5-c10 --seeds 1 2 \
   --out $RUNS/figure-7-blogpost-size-5l --quiet
-start figure-7-c2 sweep sweeps/figure-7-depth-context.toml --set task.n_context=2 --workers 5 \
+start figure-7-c2 sweep sweeps/figure-7-depth-context.toml --set task.n_context=2 --only softmax-tf-5l-d5-c10 \
   --out $RUNS/figure-7-depth-context-c2 --quiet
-start figure-7-c50 sweep sweeps/figure-7-depth-context.toml --set task.n_context=50 --seeds 0 --workers 5 \
-  --out $RUNS/figure-7-depth-context-c50 --quiet
+start figure-7-c50 sweep sweeps/figure-7-depth-context.toml --set task.n_context=50 --seeds 0 --workers 3 \
+  --only softmax-tf-3l-d5-c10 softmax-tf-4l-d5-c10 softmax-tf-5l-d5-c10 --out $RUNS/figure-7-depth-context-c50 --quiet
 
 while [ $SECONDS -lt $((budget - 25)) ] && pgrep -f zoo.cli > /dev/null; do sleep 5; done
-echo "stopped waiting at ${SECONDS}s"; pkill -f zoo.cli; sleep 2
+# a --workers process pool outlives its killed parent (setsid): its workers hold the run folders' locks
+echo "stopped waiting at ${SECONDS}s"; pkill -f zoo.cli; pkill -f "[m]ultiprocessing.spawn"; sleep 2
 nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
 for f in $(find $RUNS -name train_state.json); do
   python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print(sys.argv[1], 'step', m['step'])" "$f"
@@ -66,6 +70,6 @@ done
 for f in $RUNS/*.log; do echo "== $f"; tail -c 600 $f | tr "\r" "\n" | tail -n 4; done
 (cd $RUNS && tar czf $out/logs.tar.gz *.log)
 # the release folder whole (ONNX included, and an unfinished build's resumable state); the sweeps without ONNX
-(cd $RUNS && tar czf $out/release.tar.gz release)
+[ -d $RUNS/release ] && (cd $RUNS && tar czf $out/release.tar.gz release)
 (cd $RUNS && tar czf $out/runs.tar.gz --exclude='*.log' --exclude='*.onnx' --exclude='release' .)
 ls -la $out; echo "done at ${SECONDS}s"

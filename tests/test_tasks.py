@@ -225,3 +225,47 @@ def test_teacher_student_sizes_script_redraws_saved_rows_and_refuses_broken_ones
         message = refused.value.code
         assert isinstance(message, str) and said in message and "\n" not in message, message
     assert not (tmp_path / "p.png").exists()
+
+
+def test_figure_7_context_script_summarises_by_depth_and_context(tmp_path, monkeypatch):
+    """scripts/figure_7_context.py (blogpost Figure 7's context axis): rows grouped by (layers, C) with mean and
+    sample std over seeds, the blogpost's plotted value and band at that C read from plotted-values.json (its
+    4-layer value at C = 2 is 0.518), C = 10 taken from the depth run's results.json (the released seed where
+    the sweep has none), a plot drawn; a folder that is not a checkpoint and a results file that is not the
+    depth run's are refused in one line."""
+    import importlib.util
+    import json
+    import statistics
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "figure_7_context.py"
+    spec = importlib.util.spec_from_file_location("figure_7_context", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    rows = [{"layers": 4, "n_context": 2, "seed": s, "test_loss": x, "gd_loss": 0.577}
+            for s, x in enumerate([0.5122, 0.5116, 0.5103])]
+    c10 = {"runs": {"softmax-tf-4l-d5-c10--seed0": {"test_loss": 0.0065, "gd_loss": 0.2748, "steps": 20000}},
+           "released": {"softmax-tf-4l-d5-c10": {"seed": 0, "test_loss": 0.0065, "gd_loss": 0.2748, "steps": 20000},
+                        "softmax-tf-5l-d5-c10": {"seed": 0, "test_loss": 0.0027, "gd_loss": 0.2748, "steps": 20000}}}
+    (tmp_path / "c10.json").write_text(json.dumps(c10))
+    summary = script.summarise(rows + script.c10_rows(tmp_path / "c10.json"))
+    four = summary["4 layers, C = 2"]
+    assert four["seeds"] == [0, 1, 2] and four["mean"] == pytest.approx(statistics.fmean([0.5122, 0.5116, 0.5103]))
+    assert four["std"] == pytest.approx(statistics.stdev([0.5122, 0.5116, 0.5103]))
+    plotted = four["blogpost_plotted"]
+    assert plotted["value"] == pytest.approx(0.518, abs=5e-4) and plotted["band"][0] < plotted["value"] < plotted["band"][1]
+    assert summary["4 layers, C = 10"]["seeds"] == [0]  # the sweep's seed 0, not also the released one
+    assert summary["5 layers, C = 10"]["std"] is None and summary["5 layers, C = 10"]["mean"] == 0.0027
+    assert script.plotted_at(1, 3) is None  # C = 3 is not on the blogpost's grid (2, 10, …, 98)
+    assert script.plot(summary, tmp_path / "c.png").stat().st_size > 10_000
+    (tmp_path / "bad.json").write_text(json.dumps({"runs": {}}))
+    with pytest.raises(SystemExit, match="not Figure 7's depth results.json") as refused:
+        script.c10_rows(tmp_path / "bad.json")
+    assert "\n" not in refused.value.code
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setattr(sys, "argv", [str(path), str(tmp_path / "empty"), "--json", str(tmp_path / "r.json"),
+                                      "--plot", str(tmp_path / "p.png")])
+    with pytest.raises(SystemExit, match="not a loadable checkpoint") as refused:
+        script.main()
+    assert "\n" not in refused.value.code and not (tmp_path / "r.json").exists()
