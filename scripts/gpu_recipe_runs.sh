@@ -15,7 +15,8 @@
 #   bash scripts/gpu_recipe_runs.sh SECONDS COMMIT [ENTRIES...]
 # SECONDS bounds the whole call; COMMIT is the commit the tree was copied from (it goes into every
 # checkpoint's provenance; commit first, so the tree is that commit). Carry .whl, and .zoo-cache (frozen splits,
-# verified by hash on load) where the 64 MiB tree allows; else the splits are built there. .whl holds
+# verified by hash on load) where the 64 MiB tree allows; else the splits are built there (at 2766ae1 the tracked
+# tree is 61.8 MB and .whl 3.7 MB of the 67.1 MB a call carries: linreg-d5-c10's splits, 6.9 MB, did not fit). .whl holds
 # the cp312 wheels the image lacks, from the repo root here: python3 -m pip download --no-deps --only-binary=:all:
 #   --python-version 3.12 --implementation cp --platform manylinux_2_17_x86_64 -d .whl pydantic==2.13.4
 #   pydantic_core==2.46.4 annotated-types==0.7.0 typing-inspection==0.4.2 typing_extensions==4.15.0 datasets==5.2.0
