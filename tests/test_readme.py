@@ -80,6 +80,8 @@ def test_the_reports_readme_counts_are_the_release_index_s():
             assert f"| `{r['entry']}` | {r['source']} |" in block, r["entry"]
         if r["verdict"] in ("meets", "falls short", "meets where checkable"):
             assert f"| `{r['entry']}` |" in page.read_text().split(block)[1], r["entry"]
+        elif r["source"] == "constructed":  # every constructed entry: checked against a reference, or beside its GD
+            assert f"| `{r['entry']}` |" in block, r["entry"]
 
 
 def test_release_counts_of_a_small_index():
@@ -94,11 +96,15 @@ def test_release_counts_of_a_small_index():
     index = {"version": "v9", "entries": {r["entry"]: r for r in (
         row("a", "trained", 100, 100, ["d"], threads=2), row("b", "trained", 50, 100),
         row("c", "constructed", checks=[ref], verdict="matches the reference"),
-        row("d", "trained", 10, 10, ["d"], [{**ref, "source": "paper"}], "falls short"))}}
+        row("d", "trained", 10, 10, ["d"], [{**ref, "source": "paper"}], "falls short"),
+        {**row("e", "constructed"), "test_loss": 0.2, "gd_loss": 0.25, "gd_steps": 2},
+        {**row("f", "constructed"), "test_loss": 0.25 * (1 + 2e-8), "gd_loss": 0.25, "gd_steps": 1})}}
     c = release_counts(index)
-    assert (c["entries"], c["trained"], c["constructed"], c["full_recipe"]) == (4, 3, 1, 2)
+    assert (c["entries"], c["trained"], c["constructed"], c["full_recipe"]) == (6, 3, 3, 2)
     assert c["short"] == [("b", 50, 100)] and c["threads"] == {1: 1, 2: 1}  # the full-recipe runs only: a and d
-    assert (c["departures"], c["fall_short"], c["match_reference"], c["no_expected"]) == (2, 1, 1, 2)
+    assert (c["departures"], c["fall_short"], c["match_reference"], c["no_expected"]) == (2, 1, 1, 4)
     text = release_summary(index)
     assert "`b` (50 of 100 steps)" in text and "| `c` | constructed | — | test_loss: 0.5 (±3%) → 0.49 |" in text
     assert "| `d` |" not in text  # graded against a paper value: the written table's, not this one
+    # a constructed entry with no expected value is listed beside its GD reference; a tiny gap is not "-0.00%"
+    assert "| `e` | 0.2 | 0.25 (2) | -20.00% |" in text and "| `f` | 0.25 | 0.25 (1) | +2.0e-08 |" in text

@@ -591,6 +591,18 @@ def release_summary(index: dict) -> str:
         if checks and all(ch.get("source") == "reference" for ch in checks):
             lines.append(f"| `{name}` | {row['source']} | {_steps(row)} | "
                          f"{'; '.join(_check_text(ch) for ch in checks)} | {row['verdict']} |")
+    unchecked = sorted((name, row) for name, row in index["entries"].items()
+                       if row["source"] == "constructed" and not row.get("checks"))
+    if unchecked:
+        lines += ["", "The other constructed entries have no expected value; each beside the GD reference its card "
+                  "gives (k steps at the rate its card names; a teacher generates its task, so it has none):", "",
+                  "| entry | test loss | GD reference (k steps) | test loss vs reference |", "|---|---|---|---|"]
+        for name, row in unchecked:
+            test, gd = row.get("test_loss"), row.get("gd_loss")
+            ref = f"{gd:.5g} ({row.get('gd_steps')})" if isinstance(gd, float) else "—"
+            rel = (test - gd) / gd if isinstance(test, float) and isinstance(gd, float) and gd else None
+            gap = "—" if rel is None else f"{rel:+.2%}" if abs(rel) >= 5e-5 else f"{rel:+.1e}"  # no "-0.00%"
+            lines.append(f"| `{name}` | {f'{test:.5g}' if isinstance(test, float) else '—'} | {ref} | {gap} |")
     return "\n".join(lines) + "\n"
 
 
