@@ -17,16 +17,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
+import shlex
 import statistics
+import sys
 from pathlib import Path
 
 import zoo
+from zoo.cli.evaluate import register_variant_task
 from zoo.science.analysis.plots import plt, save
 from zoo.science.evaluation import rescore
-from zoo.science.registry import default_registry
 from zoo.science.tasks.frozen import load_split
 
 PLOTTED = Path(__file__).resolve().parents[1] / "reports/blogpost-2024/plotted-values.json"
+BASE_TASK = "linreg-d5-c10"  # the blogpost's plotted D = 5; a C variant is named linreg-d5-c10--n_context=C
+RUN_NAME = re.compile(r"softmax-tf-([1-5])l-d5-c10(?:--seed(\d+))?")  # Figure 7's depth run: a sweep run or an entry
 
 
 def score(folder: Path) -> dict:
@@ -34,8 +40,12 @@ def score(folder: Path) -> dict:
         ckpt = zoo.load(str(folder))
     except Exception as e:  # a folder that is not a checkpoint, or fails its manifest: one line, no traceback
         raise SystemExit(f"{folder}: not a loadable checkpoint: {e}") from None
-    spec = default_registry().tasks.setdefault(ckpt.entry.task, ckpt.task_spec)  # a C variant carries its spec
-    split = load_split(ckpt.entry.task, "test", spec=spec)
+    task = ckpt.entry.task
+    if (task != BASE_TASK and not task.startswith(BASE_TASK + "--n_context=")) or ckpt.entry.arch.n_layers not in range(1, 6):
+        raise SystemExit(f"{folder}: a {ckpt.entry.arch.n_layers}-layer model on {task}, not Figure 7's 1-5 layers on "
+                         f"{BASE_TASK} or one of its C variants")
+    spec = register_variant_task(ckpt)  # a C variant carries its task spec
+    split = load_split(task, "test", spec=spec)
     metrics = rescore(ckpt, split)
     prov = ckpt.provenance
     return {"run": folder.name, "layers": ckpt.entry.arch.n_layers, "n_context": spec.n_context,
@@ -48,33 +58,37 @@ def score(folder: Path) -> dict:
 def c10_rows(path: Path) -> list[dict]:
     """C = 10 from Figure 7's depth run: its recorded test losses (seeds 0–2 of 1–4 layers; 5 layers: the
     released seed), not re-scored here."""
+    rows = []
     try:
         results = json.loads(path.read_text())
-        runs, released = results["runs"], results["released"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        for where, runs in (("sweep", results["runs"]), ("released", results["released"])):
+            for name, r in runs.items():
+                layers, seed = RUN_NAME.fullmatch(name).groups()
+                layers, seed = int(layers), int(seed) if seed is not None else r["seed"]
+                if where == "released" and any(x["layers"] == layers for x in rows):
+                    continue  # the sweep's seeds of this depth are there already
+                rows.append({"run": name, "layers": layers, "n_context": 10, "seed": seed, "steps": r["steps"],
+                             "test_loss": float(r["test_loss"]), "gd_loss": float(r["gd_loss"]),
+                             "source": f"{path}" + (" (released)" if where == "released" else "")})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # AttributeError: a name RUN_NAME refuses
         raise SystemExit(f"{path}: not Figure 7's depth results.json ({type(e).__name__}: {e})") from None
-    rows = []
-    for name, r in runs.items():
-        layers, seed = int(name.split("-")[2][0]), int(name.rsplit("seed", 1)[1])
-        rows.append({"run": name, "layers": layers, "n_context": 10, "seed": seed, "steps": r["steps"],
-                     "test_loss": r["test_loss"], "gd_loss": r["gd_loss"], "source": str(path)})
-    for name, r in released.items():
-        layers = int(name.split("-")[2][0])
-        if not any(x["layers"] == layers for x in rows):
-            rows.append({"run": name, "layers": layers, "n_context": 10, "seed": r["seed"], "steps": r["steps"],
-                         "test_loss": r["test_loss"], "gd_loss": r["gd_loss"], "source": f"{path} (released)"})
     return rows
 
 
 def plotted_at(layers: int, c: int) -> dict | None:
     curves = json.loads(PLOTTED.read_text())["figures"]["figure-7"]["curves"]
-    curve = next(k for k in curves if k["setting"]["layers"] == layers)
+    curve = next((k for k in curves if k["setting"]["layers"] == layers), None)
+    if curve is None:
+        raise SystemExit(f"the blogpost plots 1-5 layers, not {layers}")
     value = dict((int(x), y) for x, y in curve["points"]).get(c)
     band = next(([lo, hi] for x, lo, hi in curve["band_points"] if int(x) == c), None)
     return None if value is None else {"value": value, "band": band}
 
 
 def summarise(rows: list[dict]) -> dict:
+    seen = [(r["layers"], r["n_context"], r["seed"]) for r in rows]
+    if len(set(seen)) != len(seen):
+        raise SystemExit(f"a run given twice (layers, C, seed): {sorted({k for k in seen if seen.count(k) > 1})}")
     out = {}
     for layers, c in sorted({(r["layers"], r["n_context"]) for r in rows}):
         group = sorted((r for r in rows if (r["layers"], r["n_context"]) == (layers, c)), key=lambda r: r["seed"])
@@ -90,7 +104,7 @@ def plot(summary: dict, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6.2, 4.2))
     contexts = sorted({s["n_context"] for s in summary.values()})
     curves = json.loads(PLOTTED.read_text())["figures"]["figure-7"]["curves"]
-    for layers in range(1, 6):
+    for layers in sorted({s["layers"] for s in summary.values()}):
         color = f"C{layers - 1}"
         mine = [s for s in summary.values() if s["layers"] == layers]
         ax.errorbar([s["n_context"] for s in mine], [s["mean"] for s in mine], yerr=[s["std"] or 0 for s in mine],
@@ -113,16 +127,18 @@ def main() -> None:
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--plot", type=Path, required=True)
     args = parser.parse_args()
-    rows = [score(f) for f in args.runs]
+    rows = [score(f) for f in dict.fromkeys(f.resolve() for f in args.runs)]  # a folder named twice counts once
     for r in rows:
-        print(f"{r['run']}: {r['steps']:,} steps, test loss {r['test_loss']:.6g} (recorded {r['recorded_test_loss']:.6g}), "
+        recorded = r["recorded_test_loss"]
+        recorded = f"{recorded:.6g}" if isinstance(recorded, float) and math.isfinite(recorded) else "—"
+        print(f"{r['run']}: {r['steps']:,} steps, test loss {r['test_loss']:.6g} (recorded {recorded}), "
               f"GD {r['gd_loss']:.6g}")
     if args.c10:
         rows += c10_rows(args.c10)
     summary = summarise(rows)
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"source": " ".join(["python scripts/figure_7_context.py", *map(str, args.runs)]),
-                                     "runs": rows, "summary": summary}, indent=1) + "\n")
+    command = shlex.join(["python", "scripts/figure_7_context.py", *sys.argv[1:]])  # as run, to run again
+    args.json.write_text(json.dumps({"source": command, "runs": rows, "summary": summary}, indent=1) + "\n")
     print("| layers | C | seeds | test loss per seed | mean ± std | blogpost plotted (band) | one GD step |\n"
           "|---|---|---|---|---|---|---|")
     for s in summary.values():

@@ -98,13 +98,15 @@ def test_release_counts_of_a_small_index():
         row("c", "constructed", checks=[ref], verdict="matches the reference"),
         row("d", "trained", 10, 10, ["d"], [{**ref, "source": "paper"}], "falls short"),
         {**row("e", "constructed"), "test_loss": 0.2, "gd_loss": 0.25, "gd_steps": 2},
-        {**row("f", "constructed"), "test_loss": 0.25 * (1 + 2e-8), "gd_loss": 0.25, "gd_steps": 1})}}
+        {**row("f", "constructed"), "test_loss": 0.25 * (1 + 2e-8), "gd_loss": 0.25, "gd_steps": 1},
+        {**row("g", "constructed"), "test_loss": float("nan"), "gd_loss": 0.25})}}
     c = release_counts(index)
-    assert (c["entries"], c["trained"], c["constructed"], c["full_recipe"]) == (6, 3, 3, 2)
+    assert (c["entries"], c["trained"], c["constructed"], c["full_recipe"]) == (7, 3, 4, 2)
     assert c["short"] == [("b", 50, 100)] and c["threads"] == {1: 1, 2: 1}  # the full-recipe runs only: a and d
-    assert (c["departures"], c["fall_short"], c["match_reference"], c["no_expected"]) == (2, 1, 1, 4)
+    assert (c["departures"], c["fall_short"], c["match_reference"], c["no_expected"]) == (2, 1, 1, 5)
     text = release_summary(index)
     assert "`b` (50 of 100 steps)" in text and "| `c` | constructed | — | test_loss: 0.5 (±3%) → 0.49 |" in text
     assert "| `d` |" not in text  # graded against a paper value: the written table's, not this one
     # a constructed entry with no expected value is listed beside its GD reference; a tiny gap is not "-0.00%"
     assert "| `e` | 0.2 | 0.25 (2) | -20.00% |" in text and "| `f` | 0.25 | 0.25 (1) | +2.0e-08 |" in text
+    assert "| `g` | — | 0.25 | — |" in text  # a NaN loss and no step count: a dash, not "nan" or "(None)"

@@ -263,9 +263,25 @@ def test_figure_7_context_script_summarises_by_depth_and_context(tmp_path, monke
     with pytest.raises(SystemExit, match="not Figure 7's depth results.json") as refused:
         script.c10_rows(tmp_path / "bad.json")
     assert "\n" not in refused.value.code
+    (tmp_path / "odd.json").write_text(json.dumps({**c10, "runs": {"softmax-tf-10l-d5-c10--seed0": {}}}))
+    with pytest.raises(SystemExit, match="not Figure 7's depth results.json"):  # 10 layers is not read as 1
+        script.c10_rows(tmp_path / "odd.json")
+    with pytest.raises(SystemExit, match="a run given twice"):
+        script.summarise(rows + rows[:1])
+    with pytest.raises(SystemExit, match="plots 1-5 layers, not 6"):
+        script.plotted_at(6, 2)
+    root = Path(__file__).resolve().parents[1]
     (tmp_path / "empty").mkdir()
-    monkeypatch.setattr(sys, "argv", [str(path), str(tmp_path / "empty"), "--json", str(tmp_path / "r.json"),
-                                      "--plot", str(tmp_path / "p.png")])
-    with pytest.raises(SystemExit, match="not a loadable checkpoint") as refused:
-        script.main()
-    assert "\n" not in refused.value.code and not (tmp_path / "r.json").exists()
+    for folder, said in ((tmp_path / "empty", "not a loadable checkpoint"),
+                         (root / "release" / "lsa-d10-c10", "not Figure 7's 1-5 layers on linreg-d5-c10")):
+        monkeypatch.setattr(sys, "argv", [str(path), str(folder), "--json", str(tmp_path / "r.json"),
+                                          "--plot", str(tmp_path / "p.png")])
+        with pytest.raises(SystemExit, match=said) as refused:
+            script.main()
+        assert "\n" not in refused.value.code and not (tmp_path / "r.json").exists()
+    # a committed run of the C = 2 variant: its task spec registered from the checkpoint, its frozen split built
+    # from linreg-d5-c10's seeds, re-scored to the loss it recorded on the GPU
+    run = root / "reports/blogpost-2024/generated/figure-7/depth-context-h200/figure-7-depth-context-c2"
+    row = script.score(run / "softmax-tf-1l-d5-c10--seed0--n_context=2")
+    assert (row["layers"], row["n_context"], row["seed"], row["steps"]) == (1, 2, 0, 20000)
+    assert row["test_loss"] == pytest.approx(row["recorded_test_loss"], rel=1e-5)

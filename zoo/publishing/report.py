@@ -598,11 +598,13 @@ def release_summary(index: dict) -> str:
                   "gives (k steps at the rate its card names; a teacher generates its task, so it has none):", "",
                   "| entry | test loss | GD reference (k steps) | test loss vs reference |", "|---|---|---|---|"]
         for name, row in unchecked:
-            test, gd = row.get("test_loss"), row.get("gd_loss")
-            ref = f"{gd:.5g} ({row.get('gd_steps')})" if isinstance(gd, float) else "—"
-            rel = (test - gd) / gd if isinstance(test, float) and isinstance(gd, float) and gd else None
+            test, gd = (v if isinstance(v, float) and math.isfinite(v) else None
+                        for v in (row.get("test_loss"), row.get("gd_loss")))
+            steps = f" ({row['gd_steps']})" if row.get("gd_steps") else ""
+            rel = (test - gd) / gd if test is not None and gd else None
             gap = "—" if rel is None else f"{rel:+.2%}" if abs(rel) >= 5e-5 else f"{rel:+.1e}"  # no "-0.00%"
-            lines.append(f"| `{name}` | {f'{test:.5g}' if isinstance(test, float) else '—'} | {ref} | {gap} |")
+            lines.append(f"| `{name}` | {'—' if test is None else f'{test:.5g}'} | "
+                         f"{'—' if gd is None else f'{gd:.5g}{steps}'} | {gap} |")
     return "\n".join(lines) + "\n"
 
 
