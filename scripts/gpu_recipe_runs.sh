@@ -3,7 +3,11 @@
 # at ed3b43a (one H100) the blogpost-sized softmax transformers softmax-tf-{1..5}l-d5-c10 and seeds 0-2 of 1-4 of
 # them; at 3b4762a (one H200) those five entries rebuilt from a commit (bit-identical weights, clean provenance)
 # and Figure 7's context axis at C = 2 (1-4 layers) and C = 50 (1-2 layers) (reports/blogpost-2024/figure-7.md,
-# runs 5 and 6). What it runs now, the rest of that list, four processes and one per ENTRY:
+# runs 5 and 6). What it runs now, five processes and one per ENTRY:
+#   - Zucchet Table 2's paper-recipe entry on the paper's 4 seeds (sweeps/table-2-paper-recipe.toml, one CUDA-graph
+#     ensemble, ~3 min on an H200): reports/zucchet-2023/table-2.md's run 6 ran it at ad59605 before checkpoints
+#     recorded the GPU's name and with a stale .git beside the copy (its files say "cuda" and d21ec24-dirty);
+#     again from a commit, its raw files name the device and the commit;
 #   - ENTRIES, if given, rebuilt at their whole recipe from COMMIT with `zoo release build --force`, one process
 #     each (none is short of its recipe or built from a dirty tree today: no default);
 #   - seeds 1-2 of the 5-layer blogpost-sized softmax transformer (sweeps/figure-7-blogpost-size.toml);
@@ -61,6 +65,7 @@ pids=()
 start() { name=$1; shift; OMP_NUM_THREADS=1 setsid nohup python3 -m zoo.cli "$@" > $RUNS/$name.log 2>&1 < /dev/null & pids+=($!); }
 [ -n "$entries" ] && start release release build --only $entries --root $RUNS/release --device cuda --force \
   --workers $(echo $entries | wc -w)
+start table-2 sweep sweeps/table-2-paper-recipe.toml --out $RUNS/table-2-paper-recipe --quiet
 start figure-7-5l sweep sweeps/figure-7-blogpost-size.toml --only softmax-tf-5l-d5-c10 --seeds 1 2 \
   --out $RUNS/figure-7-blogpost-size-5l --quiet
 start figure-7-c2 sweep sweeps/figure-7-depth-context.toml --set task.n_context=2 --only softmax-tf-5l-d5-c10 \
