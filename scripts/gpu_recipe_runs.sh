@@ -3,7 +3,7 @@
 # at ed3b43a (one H100) the blogpost-sized softmax transformers softmax-tf-{1..5}l-d5-c10 and seeds 0-2 of 1-4 of
 # them; at 3b4762a (one H200) those five entries rebuilt from a commit (bit-identical weights, clean provenance)
 # and Figure 7's context axis at C = 2 (1-4 layers) and C = 50 (1-2 layers) (reports/blogpost-2024/figure-7.md,
-# runs 5 and 6). What it runs now, five processes and one per ENTRY:
+# runs 5 and 6). What it runs now, four runs side by side (one with three workers) and one process per ENTRY:
 #   - Zucchet Table 2's paper-recipe entry on the paper's 4 seeds (sweeps/table-2-paper-recipe.toml, one CUDA-graph
 #     ensemble, ~3 min on an H200): reports/zucchet-2023/table-2.md's run 6 ran it at ad59605 before checkpoints
 #     recorded the GPU's name and with a stale .git beside the copy (its files say "cuda" and d21ec24-dirty);
@@ -54,9 +54,9 @@ mkdir -p $RUNS
   python3 -c 'import torch, onnxruntime as o, pyarrow, pydantic; print("torch", torch.__version__, "onnxruntime", o.__version__, "pyarrow", pyarrow.__version__, "pydantic", pydantic.__version__)'
   echo "$(nproc --all) CPUs"; } 2>&1 | tee $out/device.txt
 
-# every named frozen split (linreg-d5-c10's and the ENTRIES' tasks') built, or read from the carried cache, and
+# every named frozen split (linreg-d5-c10's, zucchet-icl's and the ENTRIES' tasks') built, or read from the carried cache, and
 # hash-checked before anything trains; the C variants' splits are built by their runs (datasets importable)
-tasks=$(python3 -c 'import sys; from zoo.science.registry import get_entry; print(*sorted({"linreg-d5-c10", *(get_entry(e).task for e in sys.argv[1:])}))' $entries) \
+tasks=$(python3 -c 'import sys; from zoo.science.registry import get_entry; print(*sorted({"linreg-d5-c10", "zucchet-icl", *(get_entry(e).task for e in sys.argv[1:])}))' $entries) \
   && python3 -m zoo.cli datasets verify $tasks > $out/datasets.log 2>&1 \
   && python3 -c 'import datasets' 2>> $out/datasets.log \
   || { echo "frozen splits not ready (see datasets.log): stopping before any run"; tail -n 5 $out/datasets.log; exit 2; }
