@@ -16,6 +16,7 @@ of 1–4 layers, and the released 5-layer seed).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import re
@@ -41,7 +42,8 @@ def score(folder: Path) -> dict:
     except Exception as e:  # a folder that is not a checkpoint, or fails its manifest: one line, no traceback
         raise SystemExit(f"{folder}: not a loadable checkpoint: {e}") from None
     task = ckpt.entry.task
-    if (task != BASE_TASK and not task.startswith(BASE_TASK + "--n_context=")) or ckpt.entry.arch.n_layers not in range(1, 6):
+    variant = task == BASE_TASK or task.startswith(BASE_TASK + "--n_context=")
+    if not variant or ckpt.entry.arch.n_layers not in range(1, 6):
         raise SystemExit(f"{folder}: a {ckpt.entry.arch.n_layers}-layer model on {task}, not Figure 7's 1-5 layers on "
                          f"{BASE_TASK} or one of its C variants")
     spec = register_variant_task(ckpt)  # a C variant carries its task spec
@@ -75,11 +77,18 @@ def c10_rows(path: Path) -> list[dict]:
     return rows
 
 
-def plotted_at(layers: int, c: int) -> dict | None:
+@functools.cache
+def plotted_curve(layers: int) -> dict:
+    """The blogpost's plotted Figure 7 curve of a depth (its points and band), read once per run of the script."""
     curves = json.loads(PLOTTED.read_text())["figures"]["figure-7"]["curves"]
     curve = next((k for k in curves if k["setting"]["layers"] == layers), None)
     if curve is None:
         raise SystemExit(f"the blogpost plots 1-5 layers, not {layers}")
+    return curve
+
+
+def plotted_at(layers: int, c: int) -> dict | None:
+    curve = plotted_curve(layers)
     value = dict((int(x), y) for x, y in curve["points"]).get(c)
     band = next(([lo, hi] for x, lo, hi in curve["band_points"] if int(x) == c), None)
     return None if value is None else {"value": value, "band": band}
@@ -103,13 +112,12 @@ def summarise(rows: list[dict]) -> dict:
 def plot(summary: dict, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6.2, 4.2))
     contexts = sorted({s["n_context"] for s in summary.values()})
-    curves = json.loads(PLOTTED.read_text())["figures"]["figure-7"]["curves"]
     for layers in sorted({s["layers"] for s in summary.values()}):
         color = f"C{layers - 1}"
         mine = [s for s in summary.values() if s["layers"] == layers]
         ax.errorbar([s["n_context"] for s in mine], [s["mean"] for s in mine], yerr=[s["std"] or 0 for s in mine],
                     marker="o", color=color, capsize=3, label=f"zoo, {layers} layer{'s' * (layers > 1)}")
-        points = next(k for k in curves if k["setting"]["layers"] == layers)["points"]
+        points = plotted_curve(layers)["points"]
         ax.plot([x for x, _ in points], [y for _, y in points], color=color, ls=":", lw=1)
     gd = {s["n_context"]: s["gd_loss"] for s in summary.values()}
     ax.plot(contexts, [gd[c] for c in contexts], "k--", lw=1, label="one GD step (zoo's frozen test splits)")
@@ -145,8 +153,8 @@ def main() -> None:
         p = s["blogpost_plotted"]
         spread = f"{s['mean']:.4g} ± {s['std']:.2g}" if s["std"] is not None else f"{s['mean']:.4g}"
         band = f"{p['value']:.3g} ({p['band'][0]:.3g}–{p['band'][1]:.3g})" if p else "—"
-        print(f"| {s['layers']} | {s['n_context']} | {len(s['seeds'])} | {' / '.join(f'{x:.4g}' for x in s['test_losses'])} "
-              f"| {spread} | {band} | {s['gd_loss']:.4g} |")
+        per_seed = " / ".join(f"{x:.4g}" for x in s["test_losses"])
+        print(f"| {s['layers']} | {s['n_context']} | {len(s['seeds'])} | {per_seed} | {spread} | {band} | {s['gd_loss']:.4g} |")
     print(f"wrote {args.json}, {plot(summary, args.plot)}")
 
 
